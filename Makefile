@@ -1,0 +1,60 @@
+# Transformer Internals: two commands for a new user, `make book` and
+# `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NB ?= book/*.ipynb
+BUILD_FLAGS := -W --keep-going
+export PYTHONHASHSEED := 0
+
+.PHONY: help venv book test test-unit test-notebooks test-build \
+        test-colab notebooks sync bench clean
+
+help:
+	@echo "make book        build the HTML book into _build/html"
+	@echo "make test        unit tests + nbval (strict) + strict book build"
+	@echo "make test-colab  run each chapter in a simulated fresh Colab"
+	@echo "make notebooks   re-execute notebooks in place (NB=path to pick one)"
+	@echo "make bench       time chapters and the build -> benchmarks/results.md"
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
+	@echo "Book built: $(CURDIR)/_build/html/index.html"
+
+test: test-unit test-notebooks test-build
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests -q
+
+test-notebooks: $(STAMP)
+	$(BIN)/python -m pytest --nbval --nbval-current-env \
+	  --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider \
+	  -q $(NB)
+
+test-build: $(STAMP)
+	rm -rf _build/html _build/.doctrees
+	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
+
+test-colab: $(STAMP)
+	$(BIN)/python -m pytest tests -q -m colab -p no:cacheprovider
+
+notebooks: $(STAMP)
+	$(BIN)/python scripts/run_notebooks.py $(NB)
+
+sync: $(STAMP)
+	$(BIN)/python scripts/sync_setup_cells.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf _build

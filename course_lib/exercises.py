@@ -1,0 +1,569 @@
+"""Widget-checked exercises: numeric, multiple choice, write-a-function.
+
+Every exercise has a prompt, a Check button, feedback that names the
+mistake, a hint and a reveal-solution control. The checking logic is the
+pure method :meth:`Exercise.check`, which returns a :class:`Feedback` and
+never raises for a wrong answer: wrong types, wrong shapes, NaN and
+exceptions raised inside the learner's own code all become feedback. The
+widget only reads its input and shows what ``check`` says, which is what
+the tests drive headlessly.
+
+Displayed in a notebook, an exercise offers the live widget and, for the
+HTML book where no kernel runs, a self-contained HTML version: numeric and
+multiple-choice exercises keep a working JavaScript checker; a function
+exercise shows its starter code, hint and solution and points to Colab.
+
+Introduced in chapter 1.
+"""
+from __future__ import annotations
+
+import copy
+import html
+import json
+import math
+import numbers
+import re
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .widgets import check_key, markdown_to_html, widget_bundle
+
+__all__ = ["Feedback", "Exercise", "NumericExercise", "ChoiceExercise",
+           "FunctionExercise", "compare_values"]
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The verdict on one answer: ``correct`` and a message for the learner."""
+    correct: bool
+    message: str
+
+    def _repr_html_(self) -> str:
+        colour = "#1b7f3b" if self.correct else "#b3261e"
+        mark = "&#10003;" if self.correct else "&#10007;"
+        return (f'<div style="color:{colour}">{mark} '
+                f'{markdown_to_html(self.message)}</div>')
+
+
+class Exercise:
+    """Base class: prompt, Check, feedback, hint and solution.
+
+    Subclasses implement :meth:`check`, :meth:`_make_input`,
+    :meth:`_read_input` and :meth:`_static_body`.
+
+    Args:
+        key: unique lowercase slug (``"ch01-decay"``), used for HTML ids.
+        prompt: the question, Markdown with ``$math$``.
+        hint: a nudge that does not give the answer away.
+        solution: the worked answer (Markdown, may contain code fences).
+    """
+
+    kind = "exercise"
+
+    def __init__(self, *, key: str, prompt: str, hint: str,
+                 solution: str) -> None:
+        self.key = check_key(key)
+        for name, value in (("prompt", prompt), ("hint", hint),
+                            ("solution", solution)):
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name} must be a non-empty str, "
+                                 f"got {value!r}")
+        self.prompt, self.hint, self.solution = prompt, hint, solution
+        self._widget = None
+
+    # -- to implement --------------------------------------------------------
+    def check(self, answer: Any) -> Feedback:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _make_input(self) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _read_input(self) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _static_body(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- live widget ---------------------------------------------------------
+    def safe_check(self, answer: Any) -> Feedback:
+        """:meth:`check`, with any unexpected error turned into feedback."""
+        try:
+            return self.check(answer)
+        except Exception as exc:  # a checker must never show a traceback
+            return Feedback(False, f"Could not check this answer "
+                                   f"({type(exc).__name__}: {exc}).")
+
+    def widget(self) -> Any:
+        """The live ipywidget (built once)."""
+        if self._widget is None:
+            import ipywidgets as widgets
+
+            self.input = self._make_input()
+            self.check_button = widgets.Button(
+                description="Check", button_style="primary")
+            self.hint_button = widgets.Button(description="Hint")
+            self.solution_button = widgets.Button(description="Solution")
+            self.feedback = widgets.HTMLMath("")
+            self.hint_box = widgets.HTMLMath("")
+            self.solution_box = widgets.HTMLMath("")
+
+            def on_check(_: Any) -> None:
+                fb = self.safe_check(self._read_input())
+                self.last_feedback = fb
+                self.feedback.value = fb._repr_html_()
+
+            def on_hint(_: Any) -> None:
+                self.hint_box.value = ("" if self.hint_box.value else
+                                       "<b>Hint.</b> "
+                                       + markdown_to_html(self.hint))
+
+            def on_solution(_: Any) -> None:
+                self.solution_box.value = (
+                    "" if self.solution_box.value else
+                    "<b>Solution.</b> " + markdown_to_html(self.solution))
+
+            self.check_button.on_click(on_check)
+            self.hint_button.on_click(on_hint)
+            self.solution_button.on_click(on_solution)
+            self._widget = widgets.VBox([
+                widgets.HTMLMath(f"<b>Exercise.</b> "
+                                 f"{markdown_to_html(self.prompt)}"),
+                self.input,
+                widgets.HBox([self.check_button, self.hint_button,
+                              self.solution_button]),
+                self.feedback, self.hint_box, self.solution_box])
+        return self._widget
+
+    # -- static HTML -----------------------------------------------------------
+    def static_html(self) -> str:
+        """Self-contained HTML for pages with no kernel."""
+        dom = f"ti-ex-{self.key}"
+        md = lambda s: markdown_to_html(s, tex_delimiters=True)  # noqa: E731
+        return (
+            f'<div class="ti-exercise" id="{dom}">\n'
+            f'<div class="ti-prompt"><strong>Exercise.</strong> '
+            f'{md(self.prompt)}</div>\n{self._static_body()}\n'
+            f'<details class="ti-hint"><summary>Hint</summary>'
+            f'{md(self.hint)}</details>\n'
+            f'<details class="ti-solution"><summary>Solution</summary>'
+            f'{md(self.solution)}</details>\n</div>')
+
+    def _repr_mimebundle_(self, include: Any = None,
+                          exclude: Any = None) -> dict:
+        return widget_bundle(self.widget(), self.static_html(), repr(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.key!r})"
+
+
+# ----------------------------------------------------------------------------
+# Numeric answers
+# ----------------------------------------------------------------------------
+_FRACTION_RE = re.compile(r"^\s*([-+]?[\d.eE+-]+)\s*/\s*([-+]?[\d.eE+-]+)\s*$")
+
+
+def parse_number(answer: Any) -> float:
+    """A finite float from a number, 0-d array/tensor or text like ``2/3``.
+
+    Raises ValueError with a learner-readable message otherwise.
+    """
+    if isinstance(answer, bool):
+        raise ValueError("a number is expected, not True/False")
+    if hasattr(answer, "item") and getattr(answer, "ndim", 0) == 0:
+        answer = answer.item()
+    if isinstance(answer, numbers.Real):
+        value = float(answer)
+    elif isinstance(answer, str):
+        text = answer.strip().replace(",", "")
+        if not text:
+            raise ValueError("the answer is empty: type a number")
+        m = _FRACTION_RE.match(text)
+        try:
+            value = (float(m.group(1)) / float(m.group(2)) if m
+                     else float(text))
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"{answer!r} is not a number "
+                             "(write e.g. 0.25, 2.5e-3 or 1/4)") from None
+    else:
+        raise ValueError(
+            f"a number is expected, got a {type(answer).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{answer!r} is not a finite number")
+    return value
+
+
+class NumericExercise(Exercise):
+    """Answer with a number, accepted within a tolerance.
+
+    ``|given - answer| <= atol + rtol * |answer|`` counts as correct.
+    ``mistakes`` lists recognised wrong answers ``(value, message)``, matched
+    with the same tolerance, so the feedback can name the mistake.
+    """
+
+    kind = "numeric"
+
+    def __init__(self, *, key: str, prompt: str, answer: float,
+                 hint: str, solution: str, rtol: float = 1e-2,
+                 atol: float = 0.0,
+                 mistakes: Sequence[tuple[float, str]] = ()) -> None:
+        super().__init__(key=key, prompt=prompt, hint=hint,
+                         solution=solution)
+        self.answer = parse_number(answer)
+        if rtol < 0 or atol < 0 or (rtol == 0 and atol == 0):
+            raise ValueError(f"tolerances must be >= 0 and not both 0, got "
+                             f"rtol={rtol}, atol={atol}")
+        self.rtol, self.atol = float(rtol), float(atol)
+        self.mistakes = [(parse_number(v), str(msg)) for v, msg in mistakes]
+
+    def _close(self, value: float, target: float) -> bool:
+        return abs(value - target) <= self.atol + self.rtol * abs(target)
+
+    def check(self, answer: Any) -> Feedback:
+        try:
+            value = parse_number(answer)
+        except ValueError as exc:
+            return Feedback(False, f"Not a usable answer: {exc}.")
+        if self._close(value, self.answer):
+            return Feedback(True, f"Correct: {self.answer:.6g}.")
+        for target, message in self.mistakes:
+            if self._close(value, target):
+                return Feedback(False, f"Not quite. {message}")
+        side = "large" if value > self.answer else "small"
+        return Feedback(False, f"Not correct: {value:.6g} is too {side}. "
+                               "Try the hint.")
+
+    def _make_input(self) -> Any:
+        import ipywidgets as widgets
+        return widgets.Text(placeholder="your answer, e.g. 0.25 or 1/4",
+                            description="Answer:")
+
+    def _read_input(self) -> Any:
+        return self.input.value
+
+    def _static_body(self) -> str:
+        dom = f"ti-ex-{self.key}"
+        data = json.dumps({"answer": self.answer, "rtol": self.rtol,
+                           "atol": self.atol, "mistakes": self.mistakes})
+        return f"""<p><input type="text" class="ti-answer" aria-label="answer"
+placeholder="your answer, e.g. 0.25 or 1/4">
+<button type="button" class="ti-check">Check</button></p>
+<p class="ti-feedback" role="status"></p>
+<script>
+(function () {{
+  var root = document.getElementById("{dom}"), d = {data};
+  if (!root) return;
+  function parse(t) {{
+    t = t.trim().replace(/,/g, "");
+    var m = t.match(/^([-+]?[\\d.eE+-]+)\\s*\\/\\s*([-+]?[\\d.eE+-]+)$/);
+    var v = m ? Number(m[1]) / Number(m[2]) : (t === "" ? NaN : Number(t));
+    return isFinite(v) ? v : null;
+  }}
+  function close(v, t) {{ return Math.abs(v - t) <= d.atol + d.rtol * Math.abs(t); }}
+  root.querySelector(".ti-check").addEventListener("click", function () {{
+    var out = root.querySelector(".ti-feedback");
+    var v = parse(root.querySelector(".ti-answer").value), msg;
+    if (v === null) msg = "\\u2717 Not a usable answer: type a number (e.g. 0.25, 2.5e-3 or 1/4).";
+    else if (close(v, d.answer)) msg = "\\u2713 Correct: " + Number(d.answer.toPrecision(6)) + ".";
+    else {{
+      var hit = d.mistakes.filter(function (m) {{ return close(v, m[0]); }})[0];
+      msg = hit ? "\\u2717 Not quite. " + hit[1] : "\\u2717 Not correct: " + v +
+        " is too " + (v > d.answer ? "large" : "small") + ". Try the hint.";
+    }}
+    out.textContent = msg;
+    out.style.color = msg.charAt(0) === "\\u2713" ? "#1b7f3b" : "#b3261e";
+  }});
+}})();
+</script>"""
+
+
+# ----------------------------------------------------------------------------
+# Multiple choice
+# ----------------------------------------------------------------------------
+class ChoiceExercise(Exercise):
+    """Pick one of ``options``; ``answer`` is the index of the right one.
+
+    ``explanations`` (one per option) says why each option is right or
+    wrong; it is shown as the feedback for that choice.
+    """
+
+    kind = "choice"
+
+    def __init__(self, *, key: str, prompt: str, options: Sequence[str],
+                 answer: int, hint: str, solution: str,
+                 explanations: Sequence[str] | None = None) -> None:
+        super().__init__(key=key, prompt=prompt, hint=hint,
+                         solution=solution)
+        options = [str(o) for o in options]
+        if len(options) < 2 or len(set(options)) != len(options):
+            raise ValueError(f"options must be >= 2 distinct strings, "
+                             f"got {options!r}")
+        if not isinstance(answer, int) or not 0 <= answer < len(options):
+            raise ValueError(f"answer must be an index in "
+                             f"[0, {len(options) - 1}], got {answer!r}")
+        if explanations is not None and len(explanations) != len(options):
+            raise ValueError(f"explanations must have one entry per option "
+                             f"({len(options)}), got {len(explanations)}")
+        self.options, self.answer = options, answer
+        self.explanations = list(explanations or [""] * len(options))
+
+    def check(self, answer: Any) -> Feedback:
+        if answer is None:
+            return Feedback(False, "Pick an option first.")
+        if isinstance(answer, str):
+            if answer not in self.options:
+                return Feedback(False, f"{answer!r} is not one of the "
+                                       "options.")
+            index = self.options.index(answer)
+        elif isinstance(answer, numbers.Integral) and not isinstance(
+                answer, bool):
+            index = int(answer)
+            if not 0 <= index < len(self.options):
+                return Feedback(False, f"There is no option {index}: pick "
+                                f"0 to {len(self.options) - 1}.")
+        else:
+            return Feedback(False, "Answer with an option's text or index, "
+                            f"not a {type(answer).__name__}.")
+        why = self.explanations[index]
+        if index == self.answer:
+            return Feedback(True, "Correct. " + why)
+        return Feedback(False, "Not this one. " + (why or "Try the hint."))
+
+    def _make_input(self) -> Any:
+        import ipywidgets as widgets
+        return widgets.RadioButtons(options=self.options, value=None,
+                                    layout=widgets.Layout(width="auto"))
+
+    def _read_input(self) -> Any:
+        return self.input.value
+
+    def _static_body(self) -> str:
+        dom = f"ti-ex-{self.key}"
+        radios = "\n".join(
+            f'<label class="ti-option"><input type="radio" name="{dom}-opt" '
+            f'value="{i}"> {html.escape(o)}</label><br>'
+            for i, o in enumerate(self.options))
+        data = json.dumps({"answer": self.answer,
+                           "explanations": self.explanations})
+        return f"""<form class="ti-options" onsubmit="return false">
+{radios}
+</form>
+<p><button type="button" class="ti-check">Check</button></p>
+<p class="ti-feedback" role="status"></p>
+<script>
+(function () {{
+  var root = document.getElementById("{dom}"), d = {data};
+  if (!root) return;
+  root.querySelector(".ti-check").addEventListener("click", function () {{
+    var out = root.querySelector(".ti-feedback");
+    var picked = root.querySelector("input[type=radio]:checked");
+    if (!picked) {{ out.textContent = "Pick an option first."; return; }}
+    var i = Number(picked.value), ok = i === d.answer;
+    out.textContent = (ok ? "\\u2713 Correct. " : "\\u2717 Not this one. ") +
+      (d.explanations[i] || (ok ? "" : "Try the hint."));
+    out.style.color = ok ? "#1b7f3b" : "#b3261e";
+  }});
+}})();
+</script>"""
+
+
+# ----------------------------------------------------------------------------
+# Write-a-function
+# ----------------------------------------------------------------------------
+def _describe(value: Any) -> str:
+    """Short description of a value for feedback messages."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        kind = type(value).__name__
+        shape = tuple(value.shape)
+        if getattr(value, "numel", lambda: value.size)() <= 12:
+            flat = value.tolist()
+            return f"{kind} {flat} (shape {shape}, dtype {value.dtype})"
+        return f"{kind} of shape {shape}, dtype {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def compare_values(expected: Any, got: Any, *, rtol: float = 1e-5,
+                   atol: float = 1e-6) -> str | None:
+    """None if ``got`` matches ``expected``, else what differs, in words.
+
+    Tensors and arrays are compared by type family, shape, boolean-ness and
+    values (``allclose``, NaN never equal); sequences element by element;
+    everything else with ``==``.
+    """
+    import numpy as np
+    import torch
+
+    if isinstance(expected, (torch.Tensor, np.ndarray)):
+        if not isinstance(got, (torch.Tensor, np.ndarray)):
+            return (f"expected a {type(expected).__name__}, got "
+                    f"{_describe(got)}")
+        exp = torch.as_tensor(np.asarray(expected) if isinstance(
+            expected, np.ndarray) else expected)
+        out = torch.as_tensor(np.asarray(got) if isinstance(
+            got, np.ndarray) else got)
+        if tuple(exp.shape) != tuple(out.shape):
+            return (f"expected shape {tuple(exp.shape)}, got shape "
+                    f"{tuple(out.shape)}")
+        if (exp.dtype == torch.bool) != (out.dtype == torch.bool):
+            return (f"expected dtype {exp.dtype}, got {out.dtype}")
+        if exp.dtype == torch.bool:
+            bad = (exp != out)
+            if bad.any():
+                where = tuple(bad.nonzero()[0].tolist())
+                return (f"entry {where} should be {bool(exp[where])}, got "
+                        f"{bool(out[where])}")
+            return None
+        exp, out = exp.double(), out.double()
+        if torch.isnan(out).any() and not torch.isnan(exp).any():
+            where = tuple(torch.isnan(out).nonzero()[0].tolist())
+            return f"your result contains NaN (first at index {where})"
+        if not torch.allclose(out, exp, rtol=rtol, atol=atol,
+                              equal_nan=True):
+            diff = (out - exp).abs().nan_to_num(float("inf"))
+            where = tuple(int(i) for i in torch.unravel_index(
+                diff.argmax(), diff.shape)) if diff.ndim else ()
+            return (f"values differ: at index {where} expected "
+                    f"{exp[where].item():.6g}, got {out[where].item():.6g}")
+        return None
+    if isinstance(expected, numbers.Real) and not isinstance(expected, bool):
+        try:
+            value = parse_number(got)
+        except ValueError:
+            return f"expected a number, got {_describe(got)}"
+        if not math.isclose(value, float(expected), rel_tol=rtol,
+                            abs_tol=atol):
+            return f"expected {float(expected):.6g}, got {value:.6g}"
+        return None
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+            return (f"expected a sequence of length {len(expected)}, got "
+                    f"{_describe(got)}")
+        for i, (e, g) in enumerate(zip(expected, got)):
+            problem = compare_values(e, g, rtol=rtol, atol=atol)
+            if problem:
+                return f"element {i}: {problem}"
+        return None
+    return None if got == expected else (
+        f"expected {_describe(expected)}, got {_describe(got)}")
+
+
+class FunctionExercise(Exercise):
+    """Write a function; it is run on test cases against a reference.
+
+    The learner types code in the widget (or calls ``check`` with a function
+    or a source string). Each case ``(args, kwargs)`` is run through both the
+    learner's function and ``reference``; the first case that fails is
+    reported with expected vs got. Inputs are deep-copied per call, so a
+    function that modifies its arguments cannot corrupt later cases.
+    """
+
+    kind = "function"
+
+    def __init__(self, *, key: str, prompt: str, func_name: str,
+                 starter_code: str, reference: Callable[..., Any],
+                 cases: Sequence[tuple[tuple, dict]], hint: str,
+                 solution: str, rtol: float = 1e-5,
+                 atol: float = 1e-6) -> None:
+        super().__init__(key=key, prompt=prompt, hint=hint,
+                         solution=solution)
+        if not func_name.isidentifier():
+            raise ValueError(f"func_name must be an identifier, got "
+                             f"{func_name!r}")
+        if not callable(reference):
+            raise ValueError(f"reference must be callable, got {reference!r}")
+        cases = list(cases)
+        if not cases:
+            raise ValueError("cases must hold at least one (args, kwargs)")
+        for i, case in enumerate(cases):
+            if (not isinstance(case, tuple) or len(case) != 2
+                    or not isinstance(case[0], tuple)
+                    or not isinstance(case[1], dict)):
+                raise ValueError(f"cases[{i}] must be (args_tuple, "
+                                 f"kwargs_dict), got {case!r}")
+        self.func_name, self.starter_code = func_name, starter_code
+        self.reference, self.cases = reference, cases
+        self.rtol, self.atol = rtol, atol
+
+    def _load(self, answer: Any) -> Callable[..., Any] | Feedback:
+        """The learner's function from a callable or source code."""
+        if callable(answer):
+            return answer
+        if not isinstance(answer, str):
+            return Feedback(False, f"Give a function or its source code, "
+                                   f"not a {type(answer).__name__}.")
+        import numpy as np
+        import torch
+        namespace = {"torch": torch, "np": np, "numpy": np, "math": math}
+        try:
+            code = compile(answer, f"<your {self.func_name}>", "exec")
+        except SyntaxError as exc:
+            return Feedback(False, f"Syntax error on line {exc.lineno}: "
+                                   f"{exc.msg}.")
+        try:
+            exec(code, namespace)
+        except Exception as exc:
+            return Feedback(False, f"Running your code raised "
+                                   f"{type(exc).__name__}: {exc}")
+        func = namespace.get(self.func_name)
+        if not callable(func):
+            return Feedback(False, f"Define a function named "
+                                   f"`{self.func_name}`.")
+        return func
+
+    def check(self, answer: Any) -> Feedback:
+        func = self._load(answer)
+        if isinstance(func, Feedback):
+            return func
+        for i, (args, kwargs) in enumerate(self.cases, start=1):
+            call = self._call_text(args, kwargs)
+            expected = self.reference(*copy.deepcopy(args),
+                                      **copy.deepcopy(kwargs))
+            try:
+                got = func(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+            except Exception as exc:
+                line = _learner_line(exc)
+                return Feedback(False, f"Case {i}, `{call}`, raised "
+                                       f"{type(exc).__name__}: {exc}{line}")
+            problem = compare_values(expected, got, rtol=self.rtol,
+                                     atol=self.atol)
+            if problem:
+                return Feedback(False, f"Case {i}, `{call}`: {problem}.")
+        return Feedback(True, f"All {len(self.cases)} cases pass.")
+
+    def _call_text(self, args: tuple, kwargs: dict) -> str:
+        parts = [_short(a) for a in args]
+        parts += [f"{k}={_short(v)}" for k, v in kwargs.items()]
+        return f"{self.func_name}({', '.join(parts)})"
+
+    def _make_input(self) -> Any:
+        import ipywidgets as widgets
+        lines = max(6, self.starter_code.count("\n") + 2)
+        return widgets.Textarea(value=self.starter_code, rows=lines,
+                                layout=widgets.Layout(width="100%"))
+
+    def _read_input(self) -> Any:
+        return self.input.value
+
+    def _static_body(self) -> str:
+        return (f'<pre class="ti-code"><code>'
+                f'{html.escape(self.starter_code)}</code></pre>\n'
+                '<p class="ti-note"><em>Checking code needs Python: open this '
+                'chapter in Colab (button at the top) or Jupyter, write the '
+                'function in the box and press Check.</em></p>')
+
+
+def _short(value: Any) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} shape {tuple(value.shape)}>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _learner_line(exc: BaseException) -> str:
+    """' (line N of your code)' if the error came from the learner's code."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        if frame.filename.startswith("<your "):
+            return f" (line {frame.lineno} of your code)"
+    return ""

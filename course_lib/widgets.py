@@ -1,0 +1,326 @@
+"""Explorers: figures the reader drives with sliders, live or static.
+
+An :class:`Explorer` wraps a drawing function ``draw(fig, **params)`` and a
+small grid of parameter values. Displayed in a notebook it offers two views
+of the same thing in one output:
+
+* a live ipywidget (one slider per parameter) in Jupyter, Colab, VS Code,
+  wherever a kernel runs;
+* a self-contained HTML/JavaScript frame player for the HTML book, where no
+  kernel runs: every combination of parameter values is pre-rendered to a PNG
+  and the sliders swap frames. No control on the page is dead, and the page
+  needs no CDN.
+
+A front end shows the richest view it can render (the widget); the book's
+``_config.yml`` drops the widget view for HTML so the player is shown. This
+module also holds the small display helpers that :mod:`course_lib.exercises`
+shares: Colab detection, a tiny Markdown-to-HTML converter for prompts and
+solutions, and the mime bundle both kinds of object return.
+
+Introduced in chapter 1.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import itertools
+import json
+import os
+import re
+import sys
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["Explorer", "in_colab", "markdown_to_html", "figure_to_png"]
+
+_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+MAX_FRAMES = 40  # page-weight budget: frames are inlined PNGs
+
+
+def in_colab() -> bool:
+    """True inside Google Colab (or the course's Colab simulation)."""
+    return ("google.colab" in sys.modules
+            or bool(os.environ.get("COURSE_SIMULATE_COLAB")))
+
+
+def check_key(key: str) -> str:
+    """Validate an explorer/exercise key, used to build HTML ids."""
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ValueError(
+            f"key must be a lowercase slug like 'ch01-decay', got {key!r}")
+    return key
+
+
+# --------------------------------------------------------------------------
+# Markdown and math for prompts, hints and solutions
+# --------------------------------------------------------------------------
+_FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\n(.*?)```", re.S)
+_CODE_RE = re.compile(r"`([^`]+)`")
+_BOLD_RE = re.compile(r"\*\*([^*]+)\*\*")
+_DISPLAY_MATH_RE = re.compile(r"\$\$(.+?)\$\$", re.S)
+_INLINE_MATH_RE = re.compile(r"(?<![\\$])\$([^$\n]+?)\$")
+
+
+def markdown_to_html(text: str, *, tex_delimiters: bool = False) -> str:
+    """Convert the small Markdown subset used in exercises to HTML.
+
+    Supported: paragraphs (blank-line separated), fenced code blocks,
+    inline ``code``, ``**bold**`` and ``$...$``/``$$...$$`` math, which is
+    kept for MathJax (with ``tex_delimiters`` rewritten to ``\\(...\\)`` and
+    ``\\[...\\]``, the delimiters the book's MathJax processes in outputs).
+    Everything else is escaped, so learner-visible text cannot inject HTML.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    blocks: list[str] = []
+    pos = 0
+    for m in _FENCE_RE.finditer(text):
+        blocks.extend(_paragraphs(text[pos:m.start()], tex_delimiters))
+        code = html.escape(m.group(1).rstrip("\n"))
+        blocks.append(f'<pre class="ti-code"><code>{code}</code></pre>')
+        pos = m.end()
+    blocks.extend(_paragraphs(text[pos:], tex_delimiters))
+    return "\n".join(blocks)
+
+
+def _paragraphs(text: str, tex_delimiters: bool) -> list[str]:
+    out = []
+    for para in re.split(r"\n\s*\n", text.strip()):
+        if para.strip():
+            out.append(f"<p>{_inline(para.strip(), tex_delimiters)}</p>")
+    return out
+
+
+def _inline(text: str, tex_delimiters: bool) -> str:
+    # Pull math and code out first so that escaping and bold leave them be.
+    stash: list[str] = []
+
+    def keep(s: str) -> str:
+        stash.append(s)
+        return f"\x00{len(stash) - 1}\x00"
+
+    def display_math(m: re.Match) -> str:
+        body = html.escape(m.group(1), quote=False)
+        return keep(rf"\[{body}\]" if tex_delimiters else f"$${body}$$")
+
+    def inline_math(m: re.Match) -> str:
+        body = html.escape(m.group(1), quote=False)
+        return keep(rf"\({body}\)" if tex_delimiters else f"${body}$")
+
+    text = _DISPLAY_MATH_RE.sub(display_math, text)
+    text = _INLINE_MATH_RE.sub(inline_math, text)
+    text = _CODE_RE.sub(
+        lambda m: keep(f"<code>{html.escape(m.group(1))}</code>"), text)
+    text = html.escape(text, quote=False)
+    text = _BOLD_RE.sub(r"<strong>\1</strong>", text)
+    return re.sub("\x00(\\d+)\x00", lambda m: stash[int(m.group(1))], text)
+
+
+# --------------------------------------------------------------------------
+# Display plumbing shared with exercises
+# --------------------------------------------------------------------------
+def widget_bundle(widget: Any, static_html: str, plain: str) -> dict:
+    """Mime bundle with the live widget view and its HTML equivalent.
+
+    On Colab the HTML is left out so that the widget is what gets shown.
+    """
+    bundle = {"text/plain": plain}
+    if not in_colab():
+        bundle["text/html"] = static_html
+    model_id = getattr(widget, "model_id", None)
+    if model_id:
+        bundle["application/vnd.jupyter.widget-view+json"] = {
+            "version_major": 2, "version_minor": 0, "model_id": model_id}
+    return bundle
+
+
+def figure_to_png(fig: Any, *, dpi: int = 72) -> bytes:
+    """Render a matplotlib Figure to PNG bytes (no pyplot state touched)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------
+# Explorer
+# --------------------------------------------------------------------------
+class Explorer:
+    """A figure driven by sliders: a live widget and a static frame player.
+
+    Args:
+        key: a unique lowercase slug (``"ch01-grad-decay"``), used for HTML ids.
+        title: one line shown above the figure.
+        draw: ``draw(fig, **params)`` draws into an empty matplotlib Figure.
+        controls: parameter name -> the values its slider steps through.
+            The static player pre-renders every combination, so the product
+            of the value counts must stay <= 40.
+        initial: starting value per parameter (default: the middle value).
+        figsize: figure size in inches.
+        dpi: resolution of rendered frames (keeps the page light).
+        labels: optional display label per parameter (default: its name).
+
+    Introduced in chapter 1.
+    """
+
+    def __init__(self, *, key: str, title: str,
+                 draw: Callable[..., None],
+                 controls: Mapping[str, Sequence[Any]],
+                 initial: Mapping[str, Any] | None = None,
+                 figsize: tuple[float, float] = (6.4, 3.6), dpi: int = 72,
+                 labels: Mapping[str, str] | None = None) -> None:
+        self.key = check_key(key)
+        if not callable(draw):
+            raise ValueError(f"draw must be callable, got {draw!r}")
+        if not isinstance(controls, Mapping) or not controls:
+            raise ValueError(
+                f"controls must be a non-empty dict, got {controls!r}")
+        self.controls = {}
+        for name, values in controls.items():
+            values = list(values)
+            if not values:
+                raise ValueError(f"controls[{name!r}] is empty; expected "
+                                 "at least one value")
+            self.controls[name] = values
+        n_frames = 1
+        for values in self.controls.values():
+            n_frames *= len(values)
+        if n_frames > MAX_FRAMES:
+            raise ValueError(
+                f"controls give {n_frames} combinations; the static player "
+                f"holds at most {MAX_FRAMES}: use fewer values")
+        initial = dict(initial or {})
+        unknown = set(initial) - set(self.controls)
+        if unknown:
+            raise ValueError(f"initial names unknown controls {sorted(unknown)}"
+                             f"; controls are {list(self.controls)}")
+        self.initial = {}
+        for name, values in self.controls.items():
+            value = initial.get(name, values[(len(values) - 1) // 2])
+            if value not in values:
+                raise ValueError(f"initial[{name!r}] = {value!r} is not one "
+                                 f"of the control values {values}")
+            self.initial[name] = value
+        self.title, self.draw = title, draw
+        self.figsize, self.dpi = figsize, dpi
+        self.labels = {n: (labels or {}).get(n, n) for n in self.controls}
+        self._widget = None
+
+    # -- rendering ---------------------------------------------------------
+    def render(self, **params: Any) -> Any:
+        """Draw one frame and return the matplotlib Figure."""
+        from matplotlib.figure import Figure
+        missing = set(self.controls) - set(params)
+        if missing:
+            raise ValueError(f"render() needs values for {sorted(missing)}")
+        fig = Figure(figsize=self.figsize)
+        self.draw(fig, **params)
+        return fig
+
+    def png(self, **params: Any) -> bytes:
+        """One frame as PNG bytes."""
+        return figure_to_png(self.render(**params), dpi=self.dpi)
+
+    def combinations(self) -> list[dict]:
+        """All parameter combinations, last control varying fastest."""
+        names = list(self.controls)
+        return [dict(zip(names, combo))
+                for combo in itertools.product(*self.controls.values())]
+
+    # -- static view -------------------------------------------------------
+    def static_html(self) -> str:
+        """A self-contained HTML/JS frame player (no kernel, no CDN)."""
+        frames = ["data:image/png;base64,"
+                  + base64.b64encode(self.png(**p)).decode("ascii")
+                  for p in self.combinations()]
+        dom = f"ti-explorer-{self.key}"
+        sliders = []
+        for i, (name, values) in enumerate(self.controls.items()):
+            idx = values.index(self.initial[name])
+            shown = json.dumps([_fmt(v) for v in values])
+            sliders.append(
+                f'<label class="ti-control" style="display:block">'
+                f'{html.escape(self.labels[name])} '
+                f'<input type="range" min="0" max="{len(values) - 1}" '
+                f'step="1" value="{idx}" data-control="{i}" '
+                f"data-values='{html.escape(shown, quote=True)}' "
+                f'aria-label="{html.escape(self.labels[name])}"> '
+                f'<output>{html.escape(_fmt(self.initial[name]))}</output>'
+                f'</label>')
+        sizes = [len(v) for v in self.controls.values()]
+        first = self.combinations().index(self.initial)
+        alt = html.escape(f"{self.title} (interactive figure)")
+        return f"""<div class="ti-explorer" id="{dom}">
+<p class="ti-explorer-title"><strong>{html.escape(self.title)}</strong></p>
+<div class="ti-controls">{''.join(sliders)}</div>
+<img class="ti-frame" alt="{alt}" src="{frames[first]}">
+<p class="ti-note"><em>Pre-rendered frames for the slider values. To explore
+freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
+<script type="application/json" class="ti-frames">{json.dumps(frames)}</script>
+<script>
+(function () {{
+  var root = document.getElementById("{dom}");
+  if (!root) return;
+  var frames = JSON.parse(root.querySelector(".ti-frames").textContent);
+  var sizes = {json.dumps(sizes)};
+  var inputs = root.querySelectorAll("input[data-control]");
+  var img = root.querySelector(".ti-frame");
+  function update() {{
+    var index = 0;
+    inputs.forEach(function (el, i) {{
+      var v = parseInt(el.value, 10);
+      index = index * sizes[i] + v;
+      el.nextElementSibling.textContent = JSON.parse(el.dataset.values)[v];
+    }});
+    img.src = frames[index];
+  }}
+  inputs.forEach(function (el) {{ el.addEventListener("input", update); }});
+}})();
+</script>
+</div>"""
+
+    # -- live view ---------------------------------------------------------
+    def widget(self) -> Any:
+        """The live ipywidget (built once)."""
+        if self._widget is None:
+            import ipywidgets as widgets
+
+            sliders = {
+                name: widgets.SelectionSlider(
+                    options=[(_fmt(v), v) for v in values],
+                    value=self.initial[name],
+                    description=self.labels[name],
+                    continuous_update=False,
+                    style={"description_width": "initial"},
+                    layout=widgets.Layout(width="420px"))
+                for name, values in self.controls.items()}
+            # An Image widget, not an Output widget: redrawing only swaps
+            # PNG bytes, which works the same in ipywidgets 7 and 8 and in
+            # kernels with no front end attached (nbclient, nbval).
+            image = widgets.Image(format="png")
+
+            def redraw(change: Any = None) -> None:
+                params = {n: s.value for n, s in sliders.items()}
+                image.value = self.png(**params)
+
+            for s in sliders.values():
+                s.observe(redraw, names="value")
+            redraw()
+            title = widgets.HTML(f"<b>{html.escape(self.title)}</b>")
+            self._widget = widgets.VBox([title, *sliders.values(), image])
+            self.sliders, self.image = sliders, image
+        return self._widget
+
+    def _repr_mimebundle_(self, include: Any = None,
+                          exclude: Any = None) -> dict:
+        return widget_bundle(self.widget(), self.static_html(), repr(self))
+
+    def __repr__(self) -> str:
+        names = ", ".join(self.controls)
+        return f"Explorer({self.key!r}: {self.title} [{names}])"
+
+
+def _fmt(value: Any) -> str:
+    """Short, stable label for a control value."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

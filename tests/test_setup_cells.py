@@ -1,0 +1,75 @@
+"""Every chapter's Colab setup cell matches _config.yml and is inert locally."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from sync_setup_cells import (badge_markdown, load_config,  # noqa: E402
+                              repo_parts, setup_source, sync)
+
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+CONFIG = load_config()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_setup_cell_in_sync(path):
+    problems = sync(path, CONFIG, check=True)
+    assert problems == [], "run `make sync`:\n" + "\n".join(problems)
+
+
+def test_there_are_chapters():
+    assert len(NOTEBOOKS) >= 2
+
+
+def test_drift_is_detected_and_fixed(tmp_path):
+    src = NOTEBOOKS[0]
+    rel = src.relative_to(ROOT)
+    copy = ROOT / rel.parent / f"_drift_test_{src.name}"
+    shutil.copy(src, copy)
+    try:
+        nb = nbformat.read(copy, as_version=4)
+        nb.cells[1].source = nb.cells[1].source.replace("@main", "@dev")
+        nb.cells[0].source = nb.cells[0].source.replace(
+            "colab.research.google.com", "example.org")
+        nbformat.write(nb, copy)
+        problems = sync(copy, CONFIG, check=True)
+        assert any("setup cell differs" in p for p in problems)
+        assert any("lacks the badge" in p for p in problems)
+        assert sync(copy, CONFIG, check=False)      # fixes it ...
+        assert sync(copy, CONFIG, check=True) == []  # ... for good
+    finally:
+        copy.unlink()
+
+
+def test_setup_source_follows_config():
+    slug, branch, url = repo_parts(CONFIG)
+    assert f'repo = "{url}"' in setup_source(CONFIG)
+    assert f'f"git+{{repo}}@{branch}"' in setup_source(CONFIG)
+    badge = badge_markdown(CONFIG, NOTEBOOKS[0])
+    assert (f"https://colab.research.google.com/github/{slug}/blob/"
+            f"{branch}/book/{NOTEBOOKS[0].name}") in badge
+    bad = {**CONFIG, "repository": {"url": "https://gitlab.com/a/b"}}
+    with pytest.raises(ValueError, match="expected https://github.com"):
+        repo_parts(bad)
+
+
+def test_setup_cell_lines_fit_80_columns():
+    assert max(len(line) for line in setup_source(CONFIG).splitlines()) <= 80
+
+
+def test_setup_cell_is_silent_noop_outside_colab():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COURSE_SIMULATE_COLAB", "COURSE_LIB_SOURCE")}
+    # The install branch imports subprocess; outside Colab it must not run.
+    code = (setup_source(CONFIG)
+            + "\nassert 'subprocess' not in dir(), 'setup cell ran pip'\n")
+    result = subprocess.run([sys.executable, "-c", code], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and result.stderr == ""
