@@ -8,7 +8,7 @@ NB ?= book/*.ipynb
 BUILD_FLAGS := -W --keep-going
 export PYTHONHASHSEED := 0
 
-.PHONY: help venv book test test-unit test-notebooks test-build \
+.PHONY: help venv vendor book test test-unit test-notebooks test-build \
         test-colab notebooks sync bench clean
 
 help:
@@ -26,7 +26,20 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
-book: $(STAMP)
+# MathJax from the npm registry, served by the book itself (see
+# book/_ext/vendor_assets.py). Without npm the book falls back to the CDN.
+VENDOR := _build/vendor/node_modules/mathjax/es5/tex-chtml.js
+$(VENDOR): book/_ext/package.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  mkdir -p _build/vendor && cp book/_ext/package.json _build/vendor/ && \
+	  { npm install --prefix _build/vendor --no-audit --no-fund --silent \
+	    && touch $(VENDOR); } \
+	  || echo "npm install failed: the book will load MathJax from its CDN"; \
+	else echo "npm not found: the book will load MathJax from its CDN"; fi
+
+vendor: $(VENDOR)
+
+book: $(STAMP) vendor
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
 	@echo "Book built: $(CURDIR)/_build/html/index.html"
 
@@ -40,7 +53,7 @@ test-notebooks: $(STAMP)
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider \
 	  -q $(NB)
 
-test-build: $(STAMP)
+test-build: $(STAMP) vendor
 	rm -rf _build/html _build/.doctrees
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
 
