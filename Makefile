@@ -9,11 +9,11 @@ BUILD_FLAGS := -W --keep-going
 export PYTHONHASHSEED := 0
 
 .PHONY: help venv vendor book test test-unit test-notebooks test-build \
-        test-colab notebooks sync bench clean
+        test-browser test-colab notebooks sync bench clean
 
 help:
 	@echo "make book        build the HTML book into _build/html"
-	@echo "make test        unit tests + nbval (strict) + strict book build"
+	@echo "make test        unit tests, nbval (strict), strict build, browser"
 	@echo "make test-colab  run each chapter in a simulated fresh Colab"
 	@echo "make notebooks   re-execute notebooks in place (NB=path to pick one)"
 	@echo "make bench       time chapters and the build -> benchmarks/results.md"
@@ -43,7 +43,7 @@ book: $(STAMP) vendor
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
 	@echo "Book built: $(CURDIR)/_build/html/index.html"
 
-test: test-unit test-notebooks test-build
+test: test-unit test-notebooks test-build test-browser
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests -q
@@ -56,6 +56,11 @@ test-notebooks: $(STAMP)
 test-build: $(STAMP) vendor
 	rm -rf _build/html _build/.doctrees
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
+
+# Needs the book built by test-build; skipped (with the reason) when the
+# machine has no Chromium.
+test-browser: $(STAMP)
+	$(BIN)/python -m pytest tests/browser -q -m browser -p no:cacheprovider
 
 test-colab: $(STAMP)
 	$(BIN)/python -m pytest tests -q -m colab -p no:cacheprovider

@@ -1,0 +1,75 @@
+"""Every page of the built book, as a reader's browser shows it.
+
+Run after the book is built (``make test`` does both). Each page is loaded
+from a local server in headless Chromium and audited (see ``audit.py``);
+a full-page screenshot goes to ``_build/screenshots/`` for a maintainer to
+look at.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from audit import audit_page, colab_links
+from conftest import ROOT, SCREENSHOTS, SITE
+
+pytestmark = pytest.mark.browser
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from sync_setup_cells import repo_parts  # noqa: E402
+
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+def book_pages() -> list[str]:
+    """Site-relative paths of the pages the book is made of."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = ["index.html", "genindex.html", "search.html",
+             toc["root"] + ".html"]
+    for part in toc.get("parts", []):
+        files += [c["file"] + ".html" for c in part["chapters"]]
+    return files
+
+
+PAGES = book_pages()
+CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("rel", PAGES)
+def test_page_has_no_problems(site, page, rel):
+    assert (SITE / rel).exists(), f"{rel} was not built"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shot = SCREENSHOTS / (rel.replace("/", "__").replace(".html", ".png"))
+    report = audit_page(page, f"{site.url}/{rel}", screenshot=str(shot))
+    assert report.problems == [], "\n".join(report.problems)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_colab_links_open_this_chapter(site, page, chapter):
+    slug, branch, _ = repo_parts(CONFIG)
+    colab = CONFIG["launch_buttons"]["colab_url"].rstrip("/")
+    want = f"{colab}/github/{slug}/blob/{branch}/book/{chapter}.ipynb"
+    page.goto(f"{site.url}/book/{chapter}.html")
+    links = colab_links(page)
+    assert links, "no Colab link on the page"
+    assert set(links) == {want}, links
+    # Both the header's launch button and the badge in the first cell.
+    count = page.locator(f'a[href="{want}"]').count()
+    assert count >= 2, f"expected launch button and badge, found {count}"
+    assert (ROOT / "book" / f"{chapter}.ipynb").exists()
+
+
+CHAPTER_PAGE_BUDGET = 3 * 1024 * 1024   # bytes: HTML + its images
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_page_weight(chapter):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from page_weight import page_weight
+    weight = page_weight(SITE, f"book/{chapter}.html")
+    assert weight.total <= CHAPTER_PAGE_BUDGET, (
+        f"{chapter}: {weight.total / 2**20:.2f} MB (HTML "
+        f"{weight.html_bytes} B + images {weight.image_bytes} B) > 3 MB")
