@@ -1,0 +1,350 @@
+r"""Positional encodings: the sinusoidal table and rotary embeddings (RoPE).
+
+Self-attention treats its input as a set, so order has to be injected.
+The *sinusoidal* encoding (Vaswani et al. 2017) is a fixed table added to
+the embeddings once, at the input. *Rotary* embedding (RoPE, Su et al.
+2021) rotates queries and keys in every attention layer, so that their dot
+product depends only on the offset between two positions.
+
+Both build on one list of angular frequencies, one per pair of features,
+
+$$\omega_i = \text{base}^{-2i/D}, \qquad i = 0, \dots, D/2 - 1.$$
+
+Shape letters: L positions in a table (``length``), T sequence length,
+D feature width (``d_model`` for the table, the head width for RoPE),
+P = D/2 feature pairs, ... leading batch dimensions (B batch, H heads).
+
+Introduced in chapter 2.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+import torch
+
+__all__ = ["frequencies", "wavelengths", "sinusoidal_encoding",
+           "rotation_matrix", "offset_dot_product", "apply_rope",
+           "rope_permutation", "self_attention", "draw_clock_hands"]
+
+
+# --------------------------------------------------------------- checks
+def _check_int(name: str, value, *, minimum: int) -> None:
+    # bool is an Integral in Python; a flag passed as a size is a bug.
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(
+            f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_d_model(name: str, value) -> None:
+    _check_int(name, value, minimum=2)
+    if value % 2:
+        raise ValueError(
+            f"{name} must be even, got {value} (features come in pairs)")
+
+
+def _check_real(name: str, value, *, positive: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(
+            f"{name} must be a real number, got {type(value).__name__} "
+            f"{value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def _check_sequence(name: str, x: torch.Tensor) -> None:
+    if x.dim() < 2:
+        raise ValueError(f"{name} must have shape (..., T, D), got "
+                         f"{tuple(x.shape)}")
+
+
+# ---------------------------------------------------- sinusoidal encoding
+def frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
+    r"""Angular frequency of each feature pair, $\omega_i = b^{-2i/D}$.
+
+    Pair $i$ turns by $\omega_i$ radians per position: pair 0 by one
+    radian, the last pair by $b^{-(D-2)/D}$, just above $1/b$.
+
+    Args:
+        d_model: even feature width $D$.
+        base: the constant $b$ (10000 in the paper).
+    Returns:
+        float64 tensor of shape (P,) = (D/2,), decreasing.
+
+    Introduced in chapter 2.
+    """
+    _check_d_model("d_model", d_model)
+    _check_real("base", base, positive=True)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)   # (P,)
+    # w_i = base^(-2i/D)
+    return base ** (-two_i / d_model)                          # (P,)
+
+
+def wavelengths(d_model: int, base: float = 10000.0) -> torch.Tensor:
+    r"""Wavelength of each pair in positions, $\lambda_i = 2\pi b^{2i/D}$.
+
+    A geometric progression from $2\pi$ (pair 0) up to
+    $2\pi b^{(D-2)/D}$ for the last pair. The paper rounds this to
+    "$10000 \cdot 2\pi$"; the exact largest value is slightly smaller.
+
+    Args:
+        d_model, base: feature width $D$ (even) and the constant $b$.
+    Returns:
+        float64 tensor of shape (P,), increasing.
+
+    Introduced in chapter 2.
+    """
+    # lambda_i = 2 pi / w_i
+    return 2 * math.pi / frequencies(d_model, base)            # (P,)
+
+
+def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0,
+                        *, dtype: torch.dtype = torch.float32
+                        ) -> torch.Tensor:
+    r"""The fixed sinusoidal table of Vaswani et al. (2017).
+
+    $PE_{p, 2i} = \sin(p\,\omega_i)$ and $PE_{p, 2i+1} = \cos(p\,
+    \omega_i)$ with $\omega_i = b^{-2i/D}$: each pair of columns is a
+    point on the unit circle that turns by $\omega_i$ per position.
+
+    Args:
+        length: number of positions $L$ (rows), positions $0 .. L-1$.
+        d_model: even feature width $D$ (columns).
+        base: the constant $b$; dtype: floating dtype of the result.
+    Returns:
+        tensor of shape (L, D).
+
+    Introduced in chapter 2.
+    """
+    _check_int("length", length, minimum=1)
+    w = frequencies(d_model, base)                             # (P,)
+    pos = torch.arange(length, dtype=torch.float64)            # (L,)
+    # Angles in float64: p * w_i reaches thousands of radians, where
+    # float32 would already lose the third decimal of sin and cos.
+    angle = pos[:, None] * w[None, :]                          # (L, P)
+    pe = torch.empty(length, d_model, dtype=torch.float64)     # (L, D)
+    # PE[p, 2i] = sin(p w_i)
+    pe[:, 0::2] = torch.sin(angle)
+    # PE[p, 2i+1] = cos(p w_i)
+    pe[:, 1::2] = torch.cos(angle)
+    return pe.to(dtype)
+
+
+def rotation_matrix(k: float, d_model: int, base: float = 10000.0,
+                    *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    r"""Block-diagonal $R(k)$ with $PE(p + k) = R(k)\,PE(p)$ for every $p$.
+
+    By the angle-addition formulas, with $a = p\omega_i$, $c = k\omega_i$:
+    $\sin(a + c) = \cos c \sin a + \sin c \cos a$ and
+    $\cos(a + c) = -\sin c \sin a + \cos c \cos a$, so block $i$ is
+    $\begin{pmatrix} \cos c & \sin c \\ -\sin c & \cos c
+    \end{pmatrix}$ acting on $(\sin a, \cos a)$. It depends on $k$ only.
+
+    Args:
+        k: the offset (any real, negative allowed).
+        d_model, base: feature width $D$ (even) and the constant $b$.
+        dtype: floating dtype of the result.
+    Returns:
+        orthogonal tensor of shape (D, D).
+
+    Introduced in chapter 2.
+    """
+    _check_real("k", k, positive=False)
+    c = k * frequencies(d_model, base)                         # (P,)
+    cos, sin = torch.cos(c), torch.sin(c)                      # (P,)
+    r = torch.zeros(d_model, d_model, dtype=torch.float64)     # (D, D)
+    even = torch.arange(0, d_model, 2)                         # (P,)
+    r[even, even] = cos
+    r[even, even + 1] = sin
+    r[even + 1, even] = -sin
+    r[even + 1, even + 1] = cos
+    return r.to(dtype)
+
+
+def offset_dot_product(offsets: torch.Tensor, d_model: int,
+                       base: float = 10000.0) -> torch.Tensor:
+    r"""$PE(p) \cdot PE(p + k) = \sum_i \cos(k\,\omega_i)$, any $p$.
+
+    Each pair contributes $\sin a \sin(a + c) + \cos a \cos(a + c) =
+    \cos c$. The result does not involve $p$ and is even in $k$.
+
+    Args:
+        offsets: tensor of offsets $k$, any shape (...).
+        d_model, base: feature width $D$ (even) and the constant $b$.
+    Returns:
+        float64 tensor of shape (...).
+
+    Introduced in chapter 2.
+    """
+    if not isinstance(offsets, torch.Tensor):
+        raise ValueError(
+            f"offsets must be a torch.Tensor, got {type(offsets).__name__}")
+    w = frequencies(d_model, base)                             # (P,)
+    k = offsets.to(torch.float64)[..., None]                   # (..., 1)
+    return torch.cos(k * w).sum(-1)                            # (...)
+
+
+# ---------------------------------------------------------------- RoPE
+def rope_permutation(d_model: int) -> torch.Tensor:
+    r"""Index that turns the interleaved layout into the split-halves one.
+
+    Interleaved RoPE rotates the pairs $(2i, 2i+1)$; split-halves
+    ("rotate_half") RoPE rotates $(i, i + D/2)$. With ``perm`` from this
+    function, ``x[..., perm]`` moves feature $2i$ to slot $i$ and $2i+1$ to
+    slot $i + D/2$, so ``apply_rope(x, ...)[..., perm] ==
+    apply_rope(x[..., perm], ..., interleaved=False)``.
+
+    Args:
+        d_model: even feature width $D$.
+    Returns:
+        int64 tensor (D,): [0, 2, 4, ..., D-2, 1, 3, ..., D-1].
+
+    Introduced in chapter 2.
+    """
+    _check_d_model("d_model", d_model)
+    return torch.cat([torch.arange(0, d_model, 2),
+                      torch.arange(1, d_model, 2)])            # (D,)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, *,
+               base: float = 10000.0, interleaved: bool = True
+               ) -> torch.Tensor:
+    r"""Rotate each feature pair of ``x`` by its position times $\theta_i$.
+
+    With $\theta_i = b^{-2i/D}$, pair $(x_a, x_b)$ of the vector at
+    position $m$ becomes $(x_a \cos m\theta_i - x_b \sin m\theta_i,\;
+    x_a \sin m\theta_i + x_b \cos m\theta_i)$, i.e. the complex number
+    $x_a + \mathrm{i}\,x_b$ times $e^{\mathrm{i} m \theta_i}$. Then
+    $\langle \mathrm{rope}(q, m), \mathrm{rope}(k, n)\rangle$ depends
+    on $m - n$ only. Apply it to queries and keys, never to values.
+
+    Args:
+        x: tensor (..., T, D) with D even (queries or keys of one head).
+        positions: integer or float tensor (T,), or any shape that
+            broadcasts to ``x.shape[:-1]``.
+        base: the constant $b$.
+        interleaved: True rotates pairs $(2i, 2i+1)$ as in the RoPE paper;
+            False rotates $(i, i + D/2)$ as Llama-style "rotate_half" code.
+    Returns:
+        tensor of the same shape and dtype as ``x``.
+
+    Introduced in chapter 2.
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError("x must be a floating-point torch.Tensor, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)}")
+    _check_sequence("x", x)
+    if not isinstance(positions, torch.Tensor):
+        raise ValueError("positions must be a torch.Tensor, got "
+                         f"{type(positions).__name__}")
+    d = x.shape[-1]
+    _check_d_model("x.shape[-1]", d)
+    try:
+        ok = torch.broadcast_shapes(positions.shape, x.shape[:-1])
+    except RuntimeError:
+        ok = None
+    if ok != x.shape[:-1]:
+        raise ValueError(
+            f"positions must broadcast to x.shape[:-1] = "
+            f"{tuple(x.shape[:-1])}, got shape {tuple(positions.shape)}")
+    theta = frequencies(d, base)                               # (P,)
+    # Angles m * theta_i in float64 (see sinusoidal_encoding), then cast.
+    angle = positions.to(torch.float64)[..., None] * theta     # (..., T, P)
+    cos = torch.cos(angle).to(x.dtype)                         # (..., T, P)
+    sin = torch.sin(angle).to(x.dtype)                         # (..., T, P)
+    # Interleaved pairs (2i, 2i+1); split halves pair i with i + D/2.
+    xa, xb = ((x[..., 0::2], x[..., 1::2]) if interleaved      # (..., T, P)
+              else (x[..., : d // 2], x[..., d // 2:]))        # (..., T, P)
+    # (xa + i xb) * e^{i m theta} = (xa cos - xb sin) + i (xa sin + xb cos)
+    ya = xa * cos - xb * sin                                   # (..., T, P)
+    yb = xa * sin + xb * cos                                   # (..., T, P)
+    if interleaved:
+        return torch.stack([ya, yb], dim=-1).flatten(-2)       # (..., T, D)
+    return torch.cat([ya, yb], dim=-1)                         # (..., T, D)
+
+
+def self_attention(x: torch.Tensor, *, w_q: torch.Tensor,
+                   w_k: torch.Tensor, w_v: torch.Tensor,
+                   positions: torch.Tensor | None = None,
+                   base: float = 10000.0) -> torch.Tensor:
+    r"""Single-head self-attention, optionally with RoPE on $q$ and $k$.
+
+    $\mathrm{softmax}(QK^\top / \sqrt{d_k})\,V$ with $Q = XW^Q$,
+    $K = XW^K$, $V = XW^V$. If ``positions`` is given, $Q$ and $K$ (not
+    $V$) are rotated with :func:`apply_rope` after the projection. A
+    minimal helper for this chapter; chapter 3 treats attention properly.
+
+    Args:
+        x: tensor (..., T, D).
+        w_q, w_k, w_v: projections (D, d_k), (D, d_k), (D, d_v);
+            d_k even if RoPE is used.
+        positions, base: None (no positions), or as in :func:`apply_rope`.
+    Returns:
+        tensor (..., T, d_v).
+
+    Introduced in chapter 2.
+    """
+    _check_sequence("x", x)
+    d = x.shape[-1]
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        if w.dim() != 2 or w.shape[0] != d:
+            raise ValueError(f"{name} must have shape ({d}, ...), got "
+                             f"{tuple(w.shape)}")
+    if w_q.shape[1] != w_k.shape[1]:
+        raise ValueError(f"w_q and w_k must have the same width, got "
+                         f"{w_q.shape[1]} and {w_k.shape[1]}")
+    q, k, v = x @ w_q, x @ w_k, x @ w_v              # (..., T, d_k|d_v)
+    if positions is not None:
+        # After the projection: a rotation applied to x would be mixed
+        # away by W^Q and W^K and the scores would not stay relative.
+        q = apply_rope(q, positions, base=base)                # (..., T, d_k)
+        k = apply_rope(k, positions, base=base)                # (..., T, d_k)
+    # scores = Q K^T / sqrt(d_k)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T)
+    return torch.softmax(scores, dim=-1) @ v                   # (..., T, d_v)
+
+
+# ----------------------------------------------------------- the picture
+def draw_clock_hands(fig, *, position: float, d_model: int = 16,
+                     base: float = 10000.0, ncols: int = 4) -> None:
+    r"""Draw $PE(p)$ as $D/2$ clock faces, one hand per feature pair.
+
+    Pair $i$ is the point $(\sin p\omega_i, \cos p\omega_i)$: plotted
+    with the sine on the x axis and the cosine on the y axis it is a clock
+    hand that starts at 12 o'clock for $p = 0$ and turns clockwise by
+    $\omega_i$ radians per position. Pair 0 is the fast seconds hand; the
+    last pair barely moves.
+
+    Args:
+        fig: an empty matplotlib Figure to draw into.
+        position: the position $p$ (may be fractional).
+        d_model: even feature width $D$ (one clock per pair).
+        base: the constant $b$; ncols: clocks per row.
+    Returns:
+        None (draws into ``fig``).
+
+    Introduced in chapter 2.
+    """
+    _check_real("position", position, positive=False)
+    w = frequencies(d_model, base).tolist()                    # (P,)
+    n = d_model // 2
+    circle = torch.linspace(0, 2 * math.pi, 121)
+    for i in range(n):
+        ax = fig.add_subplot(math.ceil(n / ncols), ncols, i + 1)
+        a = position * w[i]
+        ax.plot(torch.sin(circle), torch.cos(circle), color="0.6", lw=1)
+        ax.plot([0, 0], [0.85, 1.0], color="0.6", lw=1)       # 12 o'clock
+        ax.plot([0, math.sin(a)], [0, math.cos(a)], color="C3", lw=2.5,
+                solid_capstyle="round")
+        ax.plot([0], [0], "o", color="0.2", ms=3)
+        lam = 2 * math.pi / w[i]                       # wavelength
+        lam_txt = f"{lam:.1f}" if lam < 100 else f"{lam:,.0f}"
+        ax.set_title(f"pair {i}: λ = {lam_txt}", fontsize=8)
+        ax.set(xlim=(-1.15, 1.15), ylim=(-1.15, 1.15), aspect="equal")
+        ax.axis("off")
+    fig.suptitle(f"PE(p) for p = {position:g} as {n} clock hands "
+                 f"(sin → x, cos → y)", fontsize=10)
