@@ -22,6 +22,9 @@ import nbformat
 import torch
 from nbclient import NotebookClient
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from page_weight import page_weight, shared_bytes  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results.md"
 CHAPTER_BUDGET_S = 60.0
@@ -39,15 +42,40 @@ def time_notebook(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def time_cold_build() -> float:
-    """Wall time of a book build into an empty output folder."""
+def cold_build() -> tuple[float, list[str]]:
+    """Build the book into an empty folder: wall time and page-weight rows."""
     jb = Path(sys.executable).with_name("jupyter-book")
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         subprocess.run([str(jb), "build", str(ROOT), "--path-output", tmp,
                         "-W", "--keep-going", "-q"], check=True,
                        capture_output=True)
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        return seconds, page_weight_rows(Path(tmp) / "_build" / "html")
+
+
+def page_weight_rows(site: Path) -> list[str]:
+    """Bytes per page (HTML + its images) and the shared assets, once."""
+    rows = ["", "## Page weight (bytes a browser transfers)", "",
+            "HTML plus the images it shows; the shared theme, scripts, fonts "
+            "and MathJax under `_static/` are cached after the first page "
+            "and counted once.", "",
+            "| page | HTML (KB) | images (KB) | total (MB) | chapter budget "
+            "3 MB |", "|---|---:|---:|---:|:---:|"]
+    pages = sorted(p.relative_to(site).as_posix()
+                   for p in site.rglob("*.html")
+                   if "_static" not in p.parts and "_sources" not in p.parts)
+    for rel in pages:
+        w = page_weight(site, rel)
+        chapter = rel.startswith("book/ch")
+        verdict = ("yes" if w.total <= 3 * 2**20 else "NO") if chapter \
+            else "-"
+        rows.append(f"| `{rel}` | {w.html_bytes / 1024:.0f} | "
+                    f"{w.image_bytes / 1024:.0f} | {w.total / 2**20:.2f} | "
+                    f"{verdict} |")
+    rows.append(f"| shared `_static/` (once) | | | "
+                f"{shared_bytes(site) / 2**20:.2f} | - |")
+    return rows
 
 
 def rnn_vs_attention_rows() -> list[str]:
@@ -86,7 +114,7 @@ def main() -> int:
         lines.append(f"| `{path.name}` | {seconds:.1f} | "
                      f"{'yes' if within else 'NO'} |")
         print(f"{path.name}: {seconds:.1f} s", flush=True)
-    build = time_cold_build()
+    build, weight_rows = cold_build()
     ok &= build <= BUILD_BUDGET_S
     print(f"cold build: {build:.1f} s", flush=True)
     lines += ["", "## Book build", "",
@@ -94,6 +122,7 @@ def main() -> int:
               "|---|---:|:---:|",
               f"| cold `jupyter-book build` (empty output folder) | "
               f"{build:.1f} | {'yes' if build <= BUILD_BUDGET_S else 'NO'} |"]
+    lines += weight_rows
     lines += rnn_vs_attention_rows()
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")

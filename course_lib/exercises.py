@@ -141,7 +141,7 @@ class Exercise:
         dom = f"ti-ex-{self.key}"
         md = lambda s: markdown_to_html(s, tex_delimiters=True)  # noqa: E731
         return (
-            f'<div class="ti-exercise" id="{dom}">\n'
+            f'<div class="ti-exercise mathjax_process" id="{dom}">\n'
             f'<div class="ti-prompt"><strong>Exercise.</strong> '
             f'{md(self.prompt)}</div>\n{self._static_body()}\n'
             f'<details class="ti-hint"><summary>Hint</summary>'

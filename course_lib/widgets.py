@@ -249,8 +249,9 @@ class Explorer:
         sizes = [len(v) for v in self.controls.values()]
         first = self.combinations().index(self.initial)
         alt = html.escape(f"{self.title} (interactive figure)")
-        return f"""<div class="ti-explorer" id="{dom}">
-<p class="ti-explorer-title"><strong>{html.escape(self.title)}</strong></p>
+        title = markdown_to_html(f"**{self.title}**", tex_delimiters=True)
+        return f"""<div class="ti-explorer mathjax_process" id="{dom}">
+<div class="ti-explorer-title">{title}</div>
 <div class="ti-controls">{''.join(sliders)}</div>
 <img class="ti-frame" alt="{alt}" src="{frames[first]}">
 <p class="ti-note"><em>Pre-rendered frames for the slider values. To explore
@@ -305,7 +306,7 @@ freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
             for s in sliders.values():
                 s.observe(redraw, names="value")
             redraw()
-            title = widgets.HTML(f"<b>{html.escape(self.title)}</b>")
+            title = widgets.HTMLMath(markdown_to_html(f"**{self.title}**"))
             self._widget = widgets.VBox([title, *sliders.values(), image])
             self.sliders, self.image = sliders, image
         return self._widget

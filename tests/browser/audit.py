@@ -75,7 +75,11 @@ def audit_page(page, url: str, *, screenshot: str | None = None,
     try:
         page.goto(url, wait_until="load")
         _load_lazy_images(page)
-        page.wait_for_load_state("networkidle")
+        # Wait for images to settle (loaded or failed); not "networkidle",
+        # which a busy machine can miss while nothing is actually pending.
+        page.wait_for_function(
+            "() => Array.from(document.images).every(i => i.complete)",
+            timeout=20000)
         _wait_for_mathjax(page, report)
         _check_images(page, report)
         _check_math(page, report)

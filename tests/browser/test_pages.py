@@ -24,18 +24,15 @@ from sync_setup_cells import repo_parts  # noqa: E402
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 
 
-def book_pages() -> list[str]:
-    """Site-relative paths of the pages the book is made of."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = ["index.html", "genindex.html", "search.html",
-             toc["root"] + ".html"]
-    for part in toc.get("parts", []):
-        files += [c["file"] + ".html" for c in part["chapters"]]
-    return files
-
-
-PAGES = book_pages()
-CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("*.ipynb"))
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+TOC_FILES = [TOC["root"]] + [c["file"] for part in TOC.get("parts", [])
+                             for c in part["chapters"]]
+# Site-relative paths of the pages the book is made of.
+PAGES = ["genindex.html", "search.html"] + [
+    f + ".html" for f in TOC_FILES]
+# Chapters are the notebooks listed in the table of contents.
+CHAPTERS = [Path(f).name for f in TOC_FILES
+            if (ROOT / f"{f}.ipynb").exists()]
 
 
 @pytest.mark.parametrize("rel", PAGES)
@@ -45,6 +42,12 @@ def test_page_has_no_problems(site, page, rel):
     shot = SCREENSHOTS / (rel.replace("/", "__").replace(".html", ".png"))
     report = audit_page(page, f"{site.url}/{rel}", screenshot=str(shot))
     assert report.problems == [], "\n".join(report.problems)
+
+
+def test_index_redirects_to_the_intro(site, page):
+    page.goto(f"{site.url}/index.html")
+    page.wait_for_url(f"{site.url}/{TOC['root']}.html", timeout=10000)
+    assert page.title().startswith("Transformer Internals")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
