@@ -1,0 +1,452 @@
+r"""Scaled dot-product attention, its masks, and the softmax Jacobian.
+
+Each query $q_i$ is compared with every key $k_j$ by a dot product; the
+softmax of the scaled scores gives weights that average the values:
+
+$$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(
+  \frac{QK^\top}{\sqrt{d_k}} + M\right) V,$$
+
+where $M_{ij} = 0$ if query $i$ may attend to key $j$ and $-\infty$ if
+not. Masks are boolean tensors, True = "may attend"; $M$ is built from
+them inside :func:`scaled_dot_product_attention`.
+
+Shape letters: B batch, H heads, Lq queries, Lk keys (and values), d_k
+query/key width, d_v value width, n softmax width, R random rows, ... any
+leading batch dimensions (e.g. (B,) or (B, H)).
+
+Introduced in chapter 3.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["scaled_dot_product_attention", "causal_mask", "padding_mask",
+           "sliding_window_mask", "combine_masks", "softmax_jacobian",
+           "score_variance_mc", "saturation_stats", "SaturationStats",
+           "attention_weights_bytes", "time_attention", "AttentionTiming"]
+
+
+# --------------------------------------------------------------- checks
+def _check_int(name: str, value, *, minimum: int) -> None:
+    # bool is an Integral in Python; a flag passed as a size is a bug.
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(
+            f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a real number, got "
+                         f"{type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+
+
+def _check_lengths(lengths, *, minimum: int) -> list[int]:
+    if isinstance(lengths, torch.Tensor) and lengths.dim() == 1:
+        lengths = lengths.tolist()
+    if isinstance(lengths, (str, torch.Tensor)) or not lengths:
+        raise ValueError(f"lengths must be a non-empty list or 1-D tensor "
+                         f"of ints, got {lengths!r:.60}")
+    for n in lengths:
+        _check_int("each of lengths", n, minimum=minimum)
+    return list(lengths)
+
+
+def _check_bool(name: str, mask) -> None:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask)
+        raise ValueError(f"{name} must be a bool tensor (True = may attend)"
+                         f", got {got}")
+
+
+def _check_inputs(q, k, v, mask, scale) -> float:
+    """Validate q, k, v, mask and scale; return the scale to use."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() < 2:
+            raise ValueError(f"{name} must be a tensor (..., L, d), got "
+                             f"{getattr(t, 'shape', t)!r:.60}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {t.dtype}")
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share d_k, got {shapes}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must share the length Lk, got {shapes}")
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2],
+                                       v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"leading dims do not broadcast: {shapes}") from None
+    if mask is not None:
+        _check_bool("mask", mask)
+        # The mask must broadcast *to* the scores and never enlarge them
+        # (that would silently apply the wrong mask per batch element).
+        scores = torch.Size((*batch, q.shape[-2], k.shape[-2]))
+        try:
+            ok = torch.broadcast_shapes(mask.shape, scores) == scores
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not "
+                             f"broadcast to the scores (..., Lq, Lk) = "
+                             f"{tuple(scores)}")
+    if scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    _check_positive("scale", scale)
+    return scale
+
+
+# ------------------------------------------------------------ attention
+def scaled_dot_product_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        mask: torch.Tensor | None = None, *, scale: float | None = None,
+        return_weights: bool = False, fused: bool = False):
+    r"""$\mathrm{softmax}(QK^\top s + M)\,V$ with $s = 1/\sqrt{d_k}$.
+
+    The explicit path writes out every step: scores $S = QK^\top s$,
+    disallowed entries set to $-\infty$ (so $e^{-\infty} = 0$ removes
+    them from the softmax), row-wise softmax $A$, then $AV$. A query row
+    with no allowed key would be $0/0$; it returns zero weights and a
+    zero output instead of NaN. ``fused=True`` calls
+    ``torch.nn.functional.scaled_dot_product_attention`` (same result up
+    to rounding, no weights; fully masked rows are zeroed too).
+
+    Args:
+        q, k, v: queries (..., Lq, d_k), keys (..., Lk, d_k), values
+            (..., Lk, d_v); leading dims broadcast.
+        mask: None, or bool tensor broadcastable to (..., Lq, Lk),
+            True where query i may attend to key j.
+        scale: multiplier $s$ of the scores; default $1/\sqrt{d_k}$.
+        return_weights: also return the attention weights $A$.
+        fused: use torch's fused kernel (no weights available).
+    Returns:
+        out (..., Lq, d_v), or (out, weights (..., Lq, Lk)).
+
+    Introduced in chapter 3.
+    """
+    scale = _check_inputs(q, k, v, mask, scale)
+    if fused and return_weights:
+        raise ValueError("return_weights=True needs the explicit path, got "
+                         "fused=True (the fused kernel keeps no weights)")
+    # A row with no allowed key: let it attend everywhere (finite softmax,
+    # finite gradients) and zero it afterwards.
+    has_key = None if mask is None else mask.any(dim=-1, keepdim=True)
+    safe_mask = None if mask is None else mask | ~has_key  # (..., Lq, Lk)
+    if fused:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=safe_mask, scale=scale)     # (..., Lq, d_v)
+        return out if has_key is None else out * has_key
+
+    # 1) Scores S = Q K^T s (scaling q first costs Lq*d_k, not Lq*Lk).
+    scores = (q * scale) @ k.transpose(-2, -1)             # (..., Lq, Lk)
+    # 2) Additive mask: S + M with M = -inf where the mask is False.
+    if safe_mask is not None:
+        scores = scores.masked_fill(~safe_mask, float("-inf"))
+    # 3) A = softmax(S + M) along the keys.
+    weights = torch.softmax(scores, dim=-1)                # (..., Lq, Lk)
+    if has_key is not None:
+        weights = weights * has_key                        # zero dead rows
+    # 4) out = A V: each output row is a weighted average of value rows.
+    out = weights @ v                                      # (..., Lq, d_v)
+    return (out, weights) if return_weights else out
+
+
+# ----------------------------------------------------------------- masks
+def causal_mask(q_len: int, k_len: int | None = None, *,
+                device: torch.device | str | None = None) -> torch.Tensor:
+    r"""Causal mask aligned to the end of the keys: (Lq, Lk) bool.
+
+    Query $i$ may see key $j$ iff $j \le i + (L_k - L_q)$: the last query
+    sits at the last key. With $L_q = L_k$ this is the lower triangle;
+    with $L_q = 1$ (one new token against a cache of $L_k$ keys) the row
+    is all True. torch's ``is_causal=True`` aligns to the *start*
+    (top-left) instead, which differs when $L_q \ne L_k$.
+
+    Args:
+        q_len, k_len: numbers of queries Lq and keys Lk (default Lq).
+        device: device of the result.
+
+    Introduced in chapter 3.
+    """
+    _check_int("q_len", q_len, minimum=1)
+    k_len = q_len if k_len is None else k_len
+    _check_int("k_len", k_len, minimum=1)
+    i = torch.arange(q_len, device=device)[:, None]             # (Lq, 1)
+    j = torch.arange(k_len, device=device)[None, :]             # (1, Lk)
+    # j <= i + Lk - Lq
+    return j <= i + (k_len - q_len)                             # (Lq, Lk)
+
+
+def sliding_window_mask(q_len: int, k_len: int | None = None, *,
+                        window: int,
+                        device: torch.device | str | None = None
+                        ) -> torch.Tensor:
+    r"""Causal sliding window: each query sees its last ``window`` keys.
+
+    With $i' = i + L_k - L_q$ (end-aligned as in :func:`causal_mask`),
+    query $i$ may see key $j$ iff $i' - w < j \le i'$: at most $w$ keys
+    per row, so a block-wise kernel costs $O(Lw)$ instead of $O(L^2)$.
+
+    Args:
+        q_len, k_len, device: as in :func:`causal_mask`.
+        window: keys visible per query, counting itself ($w \ge 1$).
+    Returns:
+        bool tensor (Lq, Lk).
+
+    Introduced in chapter 3.
+    """
+    _check_int("window", window, minimum=1)
+    causal = causal_mask(q_len, k_len, device=device)           # (Lq, Lk)
+    k_len = causal.shape[1]
+    i = torch.arange(q_len, device=device)[:, None]             # (Lq, 1)
+    j = torch.arange(k_len, device=device)[None, :]             # (1, Lk)
+    # i' - w < j, with i' = i + Lk - Lq
+    return causal & (j > i + (k_len - q_len) - window)          # (Lq, Lk)
+
+
+def padding_mask(lengths, max_len: int) -> torch.Tensor:
+    r"""Key-padding mask (B, 1, Lk): True for real keys, False for padding.
+
+    Sequence $b$ has ``lengths[b]`` real tokens, then padding up to
+    ``max_len``. The mask acts on the KEY axis (the last one): no query may
+    attend to a padding key. (B, 1, Lk) broadcasts over the queries of
+    scores (B, Lq, Lk); for per-head scores (B, H, Lq, Lk) insert the head
+    axis, ``mask[:, None]`` = (B, 1, 1, Lk). Padding *queries* are not
+    masked: their outputs are computed and ignored downstream.
+
+    Args:
+        lengths: B ints (list or 1-D integer tensor), each in [0, max_len].
+        max_len: padded length Lk.
+
+    Introduced in chapter 3.
+    """
+    _check_int("max_len", max_len, minimum=1)
+    lengths = _check_lengths(lengths, minimum=0)
+    if max(lengths) > max_len:
+        raise ValueError(f"lengths must be <= max_len = {max_len}, got "
+                         f"{max(lengths)}")
+    lens = torch.tensor(lengths)[:, None, None]                 # (B, 1, 1)
+    pos = torch.arange(max_len)[None, None, :]                  # (1, 1, Lk)
+    return pos < lens                                           # (B, 1, Lk)
+
+
+def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
+    r"""Logical AND of boolean masks, with broadcasting.
+
+    A key is allowed only if every mask allows it: causal (Lq, Lk) AND
+    padding (B, 1, Lk) gives (B, Lq, Lk). ``None`` means "no restriction";
+    the result is None if all masks are None.
+
+    Introduced in chapter 3.
+    """
+    present = [m for m in masks if m is not None]
+    for m in present:
+        _check_bool("masks", m)
+    try:
+        torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        raise ValueError(f"masks of shapes {[tuple(m.shape) for m in present]}"
+                         f" do not broadcast together") from None
+    return functools.reduce(torch.logical_and, present) if present else None
+
+
+# --------------------------------------------------- softmax and scaling
+def softmax_jacobian(z: torch.Tensor) -> torch.Tensor:
+    r"""Jacobian of the softmax, $J = \mathrm{diag}(p) - pp^\top$.
+
+    $\partial p_i / \partial z_j = p_i(\delta_{ij} - p_j)$. When one $p_i$
+    approaches 1 (a saturated softmax) every entry approaches 0, so almost
+    no gradient flows back into the scores.
+
+    Args:
+        z: logits (..., n).
+    Returns:
+        tensor (..., n, n), entry [i, j] = $\partial p_i/\partial z_j$.
+
+    Introduced in chapter 3.
+    """
+    if not isinstance(z, torch.Tensor) or z.dim() < 1 \
+            or not z.is_floating_point():
+        raise ValueError(f"z must be a floating tensor (..., n), got "
+                         f"{z!r:.60}")
+    p = torch.softmax(z, dim=-1)                                # (..., n)
+    # J = diag(p) - p p^T
+    return torch.diag_embed(p) - p[..., :, None] * p[..., None, :]
+
+
+def score_variance_mc(d_k: int, n_samples: int, *, sigma_q: float = 1.0,
+                      sigma_k: float = 1.0,
+                      generator: torch.Generator | None = None) -> float:
+    r"""Monte Carlo estimate of $\mathrm{Var}(q \cdot k)$ (float).
+
+    $q$ and $k$ have independent zero-mean Gaussian components of standard
+    deviations $\sigma_q$ and $\sigma_k$; the exact value is
+    $d_k \sigma_q^2 \sigma_k^2$.
+
+    Args:
+        d_k: vector width; n_samples: number of independent (q, k) pairs.
+        sigma_q, sigma_k: component standard deviations.
+        generator: torch random generator, for reproducibility.
+
+    Introduced in chapter 3.
+    """
+    _check_int("d_k", d_k, minimum=1)
+    _check_int("n_samples", n_samples, minimum=2)
+    _check_positive("sigma_q", sigma_q)
+    _check_positive("sigma_k", sigma_k)
+    qk = torch.randn(2, n_samples, d_k, generator=generator,
+                     dtype=torch.float64)                   # (2, N, d_k)
+    q, k = sigma_q * qk[0], sigma_k * qk[1]                 # (N, d_k) each
+    return (q * k).sum(dim=-1).var().item()                 # Var(q . k)
+
+
+@dataclass
+class SaturationStats:
+    """Softmax statistics over random query rows (medians: heavy tails)."""
+    d_k: int
+    max_weight: float      # mean of the largest weight in a row
+    saturated: float       # fraction of rows whose largest weight > 0.99
+    entropy: float         # mean entropy of a row, in nats
+    jacobian_norm: float   # median Frobenius norm of diag(p) - p p^T
+    grad_norm: float       # median |dL/dq| for L = g . out, g ~ N(0, I)
+
+
+def saturation_stats(d_k: int, *, n_keys: int = 16, n_rows: int = 500,
+                     d_v: int = 16, scaled: bool = True,
+                     generator: torch.Generator | None = None
+                     ) -> SaturationStats:
+    r"""How saturated the attention softmax is for random unit-variance q, k.
+
+    Draws ``n_rows`` independent rows: a query, ``n_keys`` keys, values
+    $v_j$ and an upstream gradient $g$, all i.i.d. $N(0, 1)$. Scores are
+    $s_j = c\,q\cdot k_j$ with $c = 1/\sqrt{d_k}$ (variance 1) or $c = 1$
+    (variance $d_k$). For $L = g\cdot o$ with $o = \sum_j p_j v_j$, the
+    chain rule through $J$ gives $\partial L/\partial q = c\sum_j
+    (Ju)_j\, k_j$ with $u_j = v_j\cdot g$.
+
+    Args:
+        d_k: query/key width; n_keys: keys per row (softmax width n).
+        n_rows: number of independent rows; d_v: value width.
+        scaled: use $c = 1/\sqrt{d_k}$; generator: torch RNG.
+
+    Introduced in chapter 3.
+    """
+    for name, value, low in (("d_k", d_k, 1), ("n_keys", n_keys, 2),
+                             ("n_rows", n_rows, 1), ("d_v", d_v, 1)):
+        _check_int(name, value, minimum=low)
+    kw = dict(generator=generator, dtype=torch.float64)
+    q = torch.randn(n_rows, 1, d_k, **kw)                       # (R, 1, d_k)
+    k = torch.randn(n_rows, n_keys, d_k, **kw)                  # (R, n, d_k)
+    v = torch.randn(n_rows, n_keys, d_v, **kw)                  # (R, n, d_v)
+    g = torch.randn(n_rows, d_v, 1, **kw)                       # (R, d_v, 1)
+    c = 1 / math.sqrt(d_k) if scaled else 1.0
+    scores = c * (q @ k.transpose(-2, -1))[:, 0]                # (R, n)
+    p = torch.softmax(scores, dim=-1)                           # (R, n)
+    jac = softmax_jacobian(scores)                              # (R, n, n)
+    # dL/ds = J u with u_j = v_j . g, then dL/dq = c sum_j (dL/ds_j) k_j
+    grad_s = jac @ (v @ g)                                      # (R, n, 1)
+    grad_q = c * (grad_s.transpose(-2, -1) @ k)[:, 0]           # (R, d_k)
+    # H(p) = -sum_j p_j log p_j
+    entropy = -(p * torch.log_softmax(scores, dim=-1)).sum(-1)  # (R,)
+    top = p.max(-1).values                                      # (R,)
+    return SaturationStats(
+        d_k=d_k, max_weight=top.mean().item(),
+        saturated=(top > 0.99).double().mean().item(),
+        entropy=entropy.mean().item(),
+        jacobian_norm=jac.flatten(1).norm(dim=-1).median().item(),
+        grad_norm=grad_q.norm(dim=-1).median().item())
+
+
+# ------------------------------------------------------------ the L x L cost
+def attention_weights_bytes(length: int, *, batch: int = 1,
+                            n_heads: int = 1,
+                            dtype: torch.dtype = torch.float32) -> int:
+    r"""Bytes of the attention weights $A$: $B \cdot H \cdot L^2$ entries.
+
+    Args:
+        length: sequence length L (queries = keys); batch, n_heads: B, H.
+        dtype: element type of the weights.
+
+    Introduced in chapter 3.
+    """
+    for name, value in (("length", length), ("batch", batch),
+                        ("n_heads", n_heads)):
+        _check_int(name, value, minimum=1)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return batch * n_heads * length * length * itemsize
+
+
+@dataclass
+class AttentionTiming:
+    """One row of the explicit-vs-fused benchmark."""
+    length: int
+    explicit_seconds: float
+    fused_seconds: float
+    weights_bytes: int     # measured nbytes of the explicit path's A
+
+    @property
+    def ratio(self) -> float:
+        """explicit / fused time (> 1: the fused kernel is faster)."""
+        return self.explicit_seconds / self.fused_seconds
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()                                   # warm-up: allocations, dispatch
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
+                   d_k: int = 64, batch: int = 1, n_heads: int = 8,
+                   repeats: int = 3, causal: bool = False,
+                   seed: int = 0) -> list[AttentionTiming]:
+    r"""Time the explicit path against torch's fused attention on CPU.
+
+    Both compute $\mathrm{softmax}(QK^\top/\sqrt{d_k})V$ for q, k, v of
+    shape (B, H, L, d_k). The explicit path materialises the (B, H, L, L)
+    weights; the fused kernel works block by block and never holds them.
+
+    Args:
+        lengths: sequence lengths L; d_k: head width; batch, n_heads: B, H.
+        repeats: timed calls per measurement (the minimum is kept).
+        causal: add a causal mask (same boolean mask on both paths).
+        seed: seed of the random inputs.
+    Returns:
+        one AttentionTiming per length, in order.
+
+    Introduced in chapter 3.
+    """
+    lengths = _check_lengths(lengths, minimum=1)
+    for name, value in (("d_k", d_k), ("batch", batch),
+                        ("n_heads", n_heads), ("repeats", repeats)):
+        _check_int(name, value, minimum=1)
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for L in lengths:
+        q, k, v = torch.randn(3, batch, n_heads, L, d_k,
+                              generator=g)                  # 3 x (B, H, L, d)
+        mask = causal_mask(L) if causal else None           # (L, L)
+        with torch.inference_mode():
+            _, w = scaled_dot_product_attention(q, k, v, mask,
+                                                return_weights=True)
+            nbytes = w.element_size() * w.nelement()
+            del w                                 # free (B, H, L, L) first
+            times = [_best_time(lambda f=f: scaled_dot_product_attention(
+                q, k, v, mask, fused=f), repeats) for f in (False, True)]
+        rows.append(AttentionTiming(L, *times, nbytes))
+    return rows

@@ -1,0 +1,362 @@
+"""Tests for course_lib.attention (chapter 3).
+
+References used: torch.nn.functional.scaled_dot_product_attention (with
+explicit boolean attn_mask, and is_causal when Lq == Lk), a python double
+loop over queries and keys, torch.autograd.functional.jacobian for the
+softmax Jacobian, and closed forms (Var(q.k) = d_k sigma_q^2 sigma_k^2).
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import attention as A
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+def _qkv(*batch, lq=5, lk=7, d_k=8, d_v=6, dtype=torch.float32):
+    return (torch.randn(*batch, lq, d_k, dtype=dtype),
+            torch.randn(*batch, lk, d_k, dtype=dtype),
+            torch.randn(*batch, lk, d_v, dtype=dtype))
+
+
+# ------------------------------------------------- against torch's kernel
+@pytest.mark.parametrize("batch", [(), (3,), (2, 4)])
+def test_matches_torch_without_mask(batch):
+    q, k, v = _qkv(*batch)
+    out, w = A.scaled_dot_product_attention(q, k, v, return_weights=True)
+    ref = F.scaled_dot_product_attention(q, k, v)
+    assert out.shape == (*batch, 5, 6) and w.shape == (*batch, 5, 7)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_matches_torch_is_causal_when_square():
+    q, k, v = _qkv(2, 4, lq=9, lk=9)
+    out = A.scaled_dot_product_attention(q, k, v, A.causal_mask(9))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_end_aligned_causal_differs_from_torch_is_causal():
+    # torch's is_causal is top-left aligned; ours is end aligned (caching).
+    q, k, v = _qkv(2, lq=3, lk=7)
+    mask = A.causal_mask(3, 7)
+    ours = A.scaled_dot_product_attention(q, k, v, mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(ours, top_left, atol=1e-3)
+
+
+def test_matches_torch_with_padding_and_combined_masks_multihead():
+    B, H, L = 3, 4, 6
+    q, k, v = _qkv(B, H, lq=L, lk=L)
+    pad = A.padding_mask([6, 4, 2], L)[:, None]              # (B, 1, 1, L)
+    mask = A.combine_masks(A.causal_mask(L), pad)            # (B, 1, L, L)
+    assert mask.shape == (B, 1, L, L)
+    for fused in (False, True):
+        out = A.scaled_dot_product_attention(q, k, v, mask, fused=fused)
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_explicit_and_fused_agree_with_custom_scale():
+    q, k, v = _qkv(2, 3)
+    mask = torch.rand(2, 3, 5, 7) > 0.3
+    mask[..., 0] = True                                      # no dead rows
+    a = A.scaled_dot_product_attention(q, k, v, mask, scale=0.37)
+    b = A.scaled_dot_product_attention(q, k, v, mask, scale=0.37, fused=True)
+    c = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.37)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_matches_python_double_loop():
+    q, k, v = _qkv(lq=4, lk=5, d_k=3, d_v=2, dtype=torch.float64)
+    mask = torch.rand(4, 5) > 0.4
+    mask[:, 2] = True
+    out, w = A.scaled_dot_product_attention(q, k, v, mask,
+                                            return_weights=True)
+    for i in range(4):
+        s = [sum(q[i, c].item() * k[j, c].item() for c in range(3))
+             / math.sqrt(3) if mask[i, j] else -math.inf for j in range(5)]
+        e = [math.exp(x - max(s)) for x in s]
+        for j in range(5):
+            assert math.isclose(w[i, j].item(), e[j] / sum(e), abs_tol=1e-12)
+        for c in range(2):
+            o = sum(e[j] / sum(e) * v[j, c].item() for j in range(5))
+            assert math.isclose(out[i, c].item(), o, abs_tol=1e-12)
+
+
+# ----------------------------------------------------------- properties
+def test_weights_sum_to_one_over_allowed_keys_and_zero_elsewhere():
+    q, k, v = _qkv(2, lq=6, lk=6)
+    mask = A.combine_masks(A.causal_mask(6), A.padding_mask([6, 3], 6))
+    _, w = A.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+    assert torch.all(w[~mask.expand_as(w)] == 0)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 6))
+
+
+def test_fully_masked_rows_give_zeros_and_finite_gradients():
+    q, k, v = (t.requires_grad_() for t in _qkv(2, lq=4, lk=4))
+    mask = A.padding_mask([3, 0], 4)                 # batch 1: no key at all
+    for fused in (False, True):
+        out = A.scaled_dot_product_attention(q, k, v, mask, fused=fused)
+        assert torch.isfinite(out).all()
+        assert torch.all(out[1] == 0)
+        out.sum().backward()
+        for t in (q, k, v):
+            assert torch.isfinite(t.grad).all()
+            t.grad = None
+    _, w = A.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+    assert torch.all(w[1] == 0) and torch.allclose(w[0].sum(-1),
+                                                   torch.ones(4))
+    # Rows of a short causal mask (Lq > Lk) with no visible key.
+    q2, k2, v2 = _qkv(lq=5, lk=3)
+    out = A.scaled_dot_product_attention(q2, k2, v2, A.causal_mask(5, 3))
+    assert torch.all(out[:2] == 0) and torch.all(out[2:].abs().sum(-1) > 0)
+
+
+def test_permutation_equivariance_without_positions():
+    x = torch.randn(2, 7, 8)
+    perm = torch.randperm(7)
+    out = A.scaled_dot_product_attention(x, x, x)
+    out_p = A.scaled_dot_product_attention(x[:, perm], x[:, perm],
+                                           x[:, perm])
+    torch.testing.assert_close(out_p, out[:, perm])
+    # Permuting keys and values together (not queries) changes nothing.
+    q = torch.randn(2, 3, 8)
+    torch.testing.assert_close(
+        A.scaled_dot_product_attention(q, x[:, perm], x[:, perm]),
+        A.scaled_dot_product_attention(q, x, x))
+
+
+def test_scaling_preserves_ranking_and_default_scale():
+    q, k, v = _qkv(lq=4, lk=9, d_k=64)
+    _, w1 = A.scaled_dot_product_attention(q, k, v, return_weights=True)
+    _, w2 = A.scaled_dot_product_attention(q, k, v, scale=1.0,
+                                           return_weights=True)
+    assert torch.equal(w1.argsort(-1), w2.argsort(-1))
+    _, w3 = A.scaled_dot_product_attention(q, k, v, scale=1 / 8,
+                                           return_weights=True)
+    torch.testing.assert_close(w1, w3)
+
+
+def test_single_allowed_key_copies_its_value():
+    q, k, v = _qkv(lq=3, lk=4)
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    mask[:, 2] = True
+    out = A.scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(out, v[2].expand(3, -1))
+
+
+# ----------------------------------------------------------------- masks
+def test_causal_mask_end_aligned():
+    assert torch.equal(A.causal_mask(3),
+                       torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]],
+                                    dtype=torch.bool))
+    assert A.causal_mask(1, 5).all()
+    m = A.causal_mask(2, 4)
+    assert torch.equal(m, torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]],
+                                       dtype=torch.bool))
+    for i in range(4):
+        for j in range(6):
+            assert A.causal_mask(4, 6)[i, j].item() == (j <= i + 2)
+
+
+def test_cached_decoding_row_equals_last_row_of_full_causal():
+    q, k, v = _qkv(lq=6, lk=6)
+    full = A.scaled_dot_product_attention(q, k, v, A.causal_mask(6))
+    last = A.scaled_dot_product_attention(q[-1:], k, v, A.causal_mask(1, 6))
+    torch.testing.assert_close(last, full[-1:])
+
+
+def test_sliding_window_mask():
+    m = A.sliding_window_mask(5, window=2)
+    expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0],
+                             [0, 1, 1, 0, 0], [0, 0, 1, 1, 0],
+                             [0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(m, expected)
+    assert torch.equal(A.sliding_window_mask(6, window=6), A.causal_mask(6))
+    assert torch.equal(A.sliding_window_mask(2, 5, window=3),
+                       torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]],
+                                    dtype=torch.bool))
+
+
+def test_padding_mask_shape_and_values():
+    m = A.padding_mask([3, 1, 0], 4)
+    assert m.shape == (3, 1, 4) and m.dtype == torch.bool
+    assert m[:, 0].tolist() == [[True, True, True, False],
+                                [True, False, False, False],
+                                [False] * 4]
+    assert torch.equal(A.padding_mask(torch.tensor([3, 1, 0]), 4), m)
+
+
+def test_combine_masks():
+    c, p = A.causal_mask(3), A.padding_mask([2, 3], 3)
+    m = A.combine_masks(None, c, None, p)
+    assert m.shape == (2, 3, 3)
+    assert torch.equal(m, c[None] & p)
+    assert A.combine_masks(None, None) is None
+    assert A.combine_masks() is None
+    assert A.combine_masks(c) is c
+
+
+# --------------------------------------------------------- softmax tools
+@pytest.mark.parametrize("shape", [(5,), (3, 4)])
+def test_softmax_jacobian_matches_autograd(shape):
+    z = torch.randn(*shape, dtype=torch.float64)
+    jac = A.softmax_jacobian(z)
+    assert jac.shape == (*shape, shape[-1])
+    for idx in range(z.shape[0] if z.dim() == 2 else 1):
+        row = z[idx] if z.dim() == 2 else z
+        ref = torch.autograd.functional.jacobian(
+            lambda t: torch.softmax(t, -1), row)
+        torch.testing.assert_close(jac[idx] if z.dim() == 2 else jac, ref)
+    # Rows of J sum to 0 (probabilities keep summing to 1); J symmetric.
+    torch.testing.assert_close(jac.sum(-1), torch.zeros(shape,
+                                                        dtype=torch.float64))
+    torch.testing.assert_close(jac, jac.transpose(-1, -2))
+
+
+def test_softmax_jacobian_vanishes_when_saturated():
+    z = torch.tensor([30.0, 0.0, 0.0], dtype=torch.float64)
+    assert A.softmax_jacobian(z).abs().max().item() < 1e-12
+    flat = A.softmax_jacobian(torch.zeros(4, dtype=torch.float64))
+    assert math.isclose(flat[0, 0].item(), 0.25 - 0.0625)
+
+
+@pytest.mark.parametrize("d_k,sq,sk", [(4, 1.0, 1.0), (64, 1.0, 1.0),
+                                       (16, 2.0, 0.5), (8, 3.0, 1.5)])
+def test_score_variance_matches_closed_form(d_k, sq, sk):
+    g = torch.Generator().manual_seed(0)
+    var = A.score_variance_mc(d_k, 40_000, sigma_q=sq, sigma_k=sk,
+                              generator=g)
+    assert math.isclose(var, d_k * sq**2 * sk**2, rel_tol=0.05)
+
+
+def test_saturation_stats_scaling_effect():
+    g = torch.Generator().manual_seed(0)
+    raw = A.saturation_stats(256, scaled=False, generator=g)
+    scaled = A.saturation_stats(256, scaled=True, generator=g)
+    assert raw.max_weight > 0.8 > 0.5 > scaled.max_weight
+    assert raw.saturated > 0.4 > 0.05 > scaled.saturated
+    assert raw.jacobian_norm < 0.1 * scaled.jacobian_norm
+    assert raw.grad_norm < 0.5 * scaled.grad_norm
+    assert raw.entropy < scaled.entropy <= math.log(16)
+    # With scaling, the statistics barely depend on d_k.
+    other = A.saturation_stats(16, scaled=True, generator=g)
+    assert abs(other.max_weight - scaled.max_weight) < 0.05
+    assert abs(other.jacobian_norm / scaled.jacobian_norm - 1) < 0.1
+
+
+# --------------------------------------------------------------- the cost
+def test_attention_weights_bytes_closed_form_and_measured():
+    assert A.attention_weights_bytes(512) == 512 * 512 * 4
+    assert A.attention_weights_bytes(10, batch=2, n_heads=3,
+                                     dtype=torch.float16) == 2 * 3 * 100 * 2
+    q, k, v = _qkv(2, 3, lq=10, lk=10)
+    _, w = A.scaled_dot_product_attention(q, k, v, return_weights=True)
+    assert w.element_size() * w.nelement() == A.attention_weights_bytes(
+        10, batch=2, n_heads=3)
+
+
+def test_time_attention_rows():
+    rows = A.time_attention([16, 32], d_k=8, n_heads=2, repeats=1)
+    assert [r.length for r in rows] == [16, 32]
+    for r in rows:
+        assert r.explicit_seconds > 0 and r.fused_seconds > 0
+        assert r.ratio == r.explicit_seconds / r.fused_seconds
+        assert r.weights_bytes == A.attention_weights_bytes(r.length,
+                                                            n_heads=2)
+
+
+# ------------------------------------------------------------ bad inputs
+def test_bad_inputs_attention():
+    q, k, v = _qkv(2)
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        A.scaled_dot_product_attention(q, k, v, torch.ones(5, 7))
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 6\) does not"):
+        A.scaled_dot_product_attention(q, k, v, torch.ones(5, 6).bool())
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 5, 7\)"):
+        # Unbatched q, k, v: a batched mask would silently add a batch.
+        A.scaled_dot_product_attention(q[0], k[0], v[0],
+                                       torch.ones(3, 5, 7).bool())
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 2, 5, 7\)"):
+        A.scaled_dot_product_attention(q, k, v, torch.ones(4, 2, 5, 7).bool())
+    with pytest.raises(ValueError, match="q and k must share d_k"):
+        A.scaled_dot_product_attention(q, k[..., :3], v)
+    with pytest.raises(ValueError, match="k and v must share the length Lk"):
+        A.scaled_dot_product_attention(q, k, v[:, :4])
+    with pytest.raises(ValueError, match="q must be a tensor"):
+        A.scaled_dot_product_attention(torch.ones(3), k, v)
+    with pytest.raises(ValueError, match="k must be floating point"):
+        A.scaled_dot_product_attention(q, k.long(), v)
+    with pytest.raises(ValueError, match="leading dims"):
+        A.scaled_dot_product_attention(q, torch.randn(3, 7, 8), v)
+    with pytest.raises(ValueError, match="scale must be finite and > 0"):
+        A.scaled_dot_product_attention(q, k, v, scale=0.0)
+    with pytest.raises(ValueError, match="scale must be a real number"):
+        A.scaled_dot_product_attention(q, k, v, scale="big")
+    with pytest.raises(ValueError, match="return_weights=True needs"):
+        A.scaled_dot_product_attention(q, k, v, fused=True,
+                                       return_weights=True)
+
+
+def test_bad_inputs_masks_and_helpers():
+    with pytest.raises(ValueError, match="q_len must be >= 1, got 0"):
+        A.causal_mask(0)
+    with pytest.raises(ValueError, match="k_len must be an int"):
+        A.causal_mask(3, 2.5)
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        A.sliding_window_mask(4, window=0)
+    with pytest.raises(ValueError, match="lengths must be <= max_len = 4"):
+        A.padding_mask([5], 4)
+    with pytest.raises(ValueError, match="each of lengths must be >= 0"):
+        A.padding_mask([-1], 4)
+    with pytest.raises(ValueError, match="each of lengths must be an int"):
+        A.padding_mask(torch.tensor([1.0, 2.0]), 4)
+    with pytest.raises(ValueError, match="lengths must be a non-empty list"):
+        A.padding_mask([], 4)
+    with pytest.raises(ValueError, match="masks must be a bool tensor"):
+        A.combine_masks(A.causal_mask(3), torch.ones(3, 3))
+    with pytest.raises(ValueError, match=r"masks of shapes \[\(3, 3\), "):
+        A.combine_masks(A.causal_mask(3), A.causal_mask(4))
+    with pytest.raises(ValueError, match="z must be a floating tensor"):
+        A.softmax_jacobian(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="d_k must be >= 1, got 0"):
+        A.score_variance_mc(0, 100)
+    with pytest.raises(ValueError, match="sigma_q must be finite and > 0"):
+        A.score_variance_mc(4, 100, sigma_q=-1.0)
+    with pytest.raises(ValueError, match="n_keys must be >= 2"):
+        A.saturation_stats(4, n_keys=1)
+    with pytest.raises(ValueError, match="length must be >= 1"):
+        A.attention_weights_bytes(0)
+    with pytest.raises(ValueError, match="lengths must be a non-empty list"):
+        A.time_attention([])
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        A.time_attention([8], repeats=0)
+
+
+def test_saturation_gradient_matches_autograd():
+    # Same draws as saturation_stats, recomputed with autograd.
+    for scaled in (True, False):
+        g = torch.Generator().manual_seed(5)
+        stats = A.saturation_stats(32, n_keys=6, n_rows=50, d_v=4,
+                                   scaled=scaled, generator=g)
+        g = torch.Generator().manual_seed(5)
+        kw = dict(generator=g, dtype=torch.float64)
+        q = torch.randn(50, 1, 32, **kw).requires_grad_()
+        k = torch.randn(50, 6, 32, **kw)
+        v = torch.randn(50, 6, 4, **kw)
+        up = torch.randn(50, 4, 1, **kw)
+        out = A.scaled_dot_product_attention(
+            q, k, v, scale=None if scaled else 1.0)          # (R, 1, d_v)
+        (out @ up).sum().backward()
+        ref = q.grad[:, 0].norm(dim=-1).median().item()
+        assert math.isclose(stats.grad_norm, ref, rel_tol=1e-9)
