@@ -1,0 +1,275 @@
+"""Tests for chapter 4 (masking): its claims and course_lib.masking.
+
+The claims are checked on course_lib.attention: causality (inputs after
+position i never change output i), padding (padded positions never change
+real outputs), the notes' three-position example exactly, fully masked
+rows. References used: attention over the prefix x[:i+1] only (python loop)
+for the causal mask, each sequence run alone without padding for the
+padding mask, torch's fused attention with a float (additive) mask for
+additive_mask, a cumulative sum for influence_matrix.
+"""
+import math
+
+import matplotlib
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import attention as A
+from course_lib import masking as M
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+def _layer(d=8, seed=0):
+    """One self-attention layer with fixed random projections."""
+    g = torch.Generator().manual_seed(seed)
+    w_q, w_k, w_v = (torch.randn(d, d, generator=g, dtype=torch.float64)
+                     / math.sqrt(d) for _ in range(3))
+
+    def f(x, mask=None):
+        return A.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v,
+                                              mask)
+    return f
+
+
+# -------------------------------------------- the notes' three-position case
+def test_three_position_example_exact():
+    q = torch.zeros(3, 2, dtype=torch.float64)     # q = 0: all scores 0
+    k = torch.randn(3, 2, dtype=torch.float64)
+    v = torch.tensor([[2.0, 0.0], [0.0, 4.0], [99.0, 99.0]],
+                     dtype=torch.float64)
+    out, w = A.scaled_dot_product_attention(q, k, v, A.causal_mask(3),
+                                            return_weights=True)
+    assert torch.equal(w[1], torch.tensor([0.5, 0.5, 0.0],
+                                          dtype=torch.float64))
+    assert torch.equal(out[1], torch.tensor([1.0, 2.0], dtype=torch.float64))
+    assert torch.equal(out[0], v[0])
+    assert torch.allclose(out[2], v.mean(0))
+    # without the mask the 99s leak into position 1
+    leaked = A.scaled_dot_product_attention(q, k, v)
+    assert torch.allclose(leaked[1], torch.tensor([101 / 3, 103 / 3],
+                                                  dtype=torch.float64))
+
+
+# ------------------------------------------------------------- causality
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_causal_outputs_ignore_future_inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+    f = _layer(seed=seed)
+    T = 7
+    x = torch.randn(2, T, 8, generator=g, dtype=torch.float64)
+    mask = A.causal_mask(T)
+    out = f(x, mask)
+    for i in range(T - 1):
+        x2 = x.clone()
+        x2[:, i + 1:] = 10 * torch.randn(2, T - i - 1, 8, generator=g,
+                                         dtype=torch.float64)
+        out2 = f(x2, mask)
+        # exactly equal: a blocked key contributes 0 * v_j = 0
+        assert torch.equal(out2[:, :i + 1], out[:, :i + 1])
+        assert not torch.allclose(out2[:, i + 1:], out[:, i + 1:])
+
+
+def test_causal_attention_equals_attention_over_prefix():
+    f = _layer()
+    x = torch.randn(6, 8, dtype=torch.float64)
+    full = f(x, A.causal_mask(6))
+    for i in range(6):
+        prefix = f(x[:i + 1])                     # no mask, keys 0..i only
+        assert torch.allclose(full[i], prefix[i], atol=1e-12)
+
+
+def test_without_mask_future_inputs_change_earlier_outputs():
+    f = _layer()
+    x = torch.randn(6, 8, dtype=torch.float64)
+    x2 = x.clone()
+    x2[5] += 1.0
+    assert (f(x2)[:5] - f(x)[:5]).abs().min() > 0
+
+
+def test_causal_mask_end_alignment_matches_cached_decoding():
+    f = _layer()
+    x = torch.randn(5, 8, dtype=torch.float64)
+    full = f(x, A.causal_mask(5))
+    # the last two queries against all five keys
+    g = torch.Generator().manual_seed(0)
+    w_q, w_k, w_v = (torch.randn(8, 8, generator=g, dtype=torch.float64)
+                     / math.sqrt(8) for _ in range(3))
+    last = A.scaled_dot_product_attention(x[3:] @ w_q, x @ w_k, x @ w_v,
+                                          A.causal_mask(2, 5))
+    assert torch.allclose(last, full[3:], atol=1e-12)
+
+
+def test_influence_matrix_of_causal_stack_is_lower_triangular():
+    f = _layer()
+    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    g = torch.Generator().manual_seed(1)
+    infl = M.influence_matrix(lambda z: f(f(z, A.causal_mask(6)),
+                                          A.causal_mask(6)), x, generator=g)
+    assert infl.shape == (6, 6)
+    assert torch.equal(infl.triu(1), torch.zeros(6, 6, dtype=infl.dtype))
+    assert (infl.tril() > 0).sum() == 21
+    open_ = M.influence_matrix(f, x, generator=g)
+    assert (open_ > 0).all()
+
+
+# ---------------------------------------------------------------- padding
+def test_padding_positions_never_change_real_outputs():
+    f = _layer()
+    lengths = [5, 3, 1]
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    mask = A.combine_masks(A.causal_mask(5), A.padding_mask(lengths, 5))
+    out = f(x, mask)
+    x2 = x.clone()
+    for b, n in enumerate(lengths):
+        x2[b, n:] = 100 * torch.randn(5 - n, 8, dtype=torch.float64)
+    out2 = f(x2, mask)
+    for b, n in enumerate(lengths):
+        assert torch.equal(out2[b, :n], out[b, :n])
+        # reference: the sequence alone, unpadded, causal
+        alone = f(x[b, :n], A.causal_mask(n))
+        assert torch.allclose(out[b, :n], alone, atol=1e-12)
+
+
+def test_padding_mask_agrees_with_torch_bool_convention():
+    q, k, v = torch.randn(3, 2, 4, 5, 8).unbind(0)
+    pad = A.padding_mask([5, 2], 5)[:, None]           # (B, 1, 1, Lk)
+    ours = A.scaled_dot_product_attention(q, k, v, pad)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=pad)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+# ------------------------------------------------------ fully masked rows
+def test_left_padding_with_causal_mask_gives_fully_masked_rows():
+    keep = A.padding_mask([4, 2], 4).flip(-1)          # left padding
+    mask = A.combine_masks(A.causal_mask(4), keep)     # (2, 4, 4)
+    dead = ~mask.any(-1)
+    assert dead.tolist() == [[False] * 4, [True, True, False, False]]
+    q, k, v = torch.randn(3, 2, 4, 6).unbind(0)
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+    naive = scores.softmax(-1) @ v
+    assert torch.isnan(naive[1, :2]).all()
+    out = A.scaled_dot_product_attention(q, k, v, mask)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[1, :2], torch.zeros(2, 6))
+
+
+def test_nan_from_dead_row_spreads_to_real_rows_in_next_layer():
+    # 0 * NaN = NaN: a zero weight does not stop a NaN value.
+    w = torch.tensor([[1.0, 0.0]])
+    v = torch.tensor([[1.0], [float("nan")]])
+    assert torch.isnan(w @ v).all()
+
+
+# ----------------------------------------------------------- additive_mask
+def test_additive_mask_values_and_softmax():
+    mask = A.causal_mask(4)
+    add = M.additive_mask(mask)
+    assert add.dtype == torch.float32
+    assert torch.equal(add == 0, mask)
+    assert torch.isneginf(add[~mask]).all()
+    scores = torch.randn(2, 4, 4)
+    w = torch.softmax(scores + add, dim=-1)
+    assert torch.equal(w[..., ~mask], torch.zeros(2, 6))
+    _, ref = A.scaled_dot_product_attention(
+        torch.randn(2, 4, 3), torch.randn(2, 4, 3), torch.randn(2, 4, 3),
+        mask, return_weights=True)
+    assert torch.allclose(ref.sum(-1), torch.ones(2, 4))
+
+
+def test_additive_mask_against_torch_float_mask():
+    q, k, v = torch.randn(3, 2, 5, 4).unbind(0)
+    mask = A.combine_masks(A.causal_mask(5), A.padding_mask([5, 3], 5))
+    ours = A.scaled_dot_product_attention(q, k, v, mask)
+    theirs = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=M.additive_mask(mask))
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+
+def test_additive_mask_dtype_and_bad_input():
+    add = M.additive_mask(torch.tensor([True, False]), dtype=torch.float64)
+    assert add.dtype == torch.float64
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        M.additive_mask(torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="mask must be a torch.Tensor"):
+        M.additive_mask([True, False])
+    with pytest.raises(ValueError, match="dtype must be a floating"):
+        M.additive_mask(torch.tensor([True]), dtype=torch.int64)
+
+
+# -------------------------------------------------------- next_token_pairs
+def test_next_token_pairs_shift_by_one():
+    tokens = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4]])
+    inputs, targets = M.next_token_pairs(tokens)
+    assert inputs.tolist() == [[5, 6, 7], [1, 2, 3]]
+    assert targets.tolist() == [[6, 7, 8], [2, 3, 4]]
+    # target t is input t + 1: position t never reads its own target
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_next_token_pairs_bad_input():
+    with pytest.raises(ValueError, match="T >= 2"):
+        M.next_token_pairs(torch.tensor([3]))
+    with pytest.raises(ValueError, match="integer ids"):
+        M.next_token_pairs(torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="tokens must be a torch.Tensor"):
+        M.next_token_pairs([1, 2, 3])
+
+
+# -------------------------------------------------------- influence_matrix
+def test_influence_matrix_of_cumsum_closed_form():
+    x = torch.zeros(5, 1, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    infl = M.influence_matrix(lambda z: z.cumsum(-2), x, n_trials=1,
+                              generator=g)
+    # output i = sum_{j<=i} x_j: replacing x_j by r_j moves outputs i>=j
+    # by exactly |r_j| (x = 0), and outputs i<j not at all
+    r = torch.randn(5, 1, generator=torch.Generator().manual_seed(0),
+                    dtype=torch.float64)
+    expected = torch.tril(r.abs().T.expand(5, 5))
+    assert torch.allclose(infl, expected)
+
+
+def test_influence_matrix_bad_input():
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="fn must be callable"):
+        M.influence_matrix(3, x)
+    with pytest.raises(ValueError, match="x must be a floating tensor"):
+        M.influence_matrix(lambda z: z, torch.ones(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="n_trials must be an int"):
+        M.influence_matrix(lambda z: z, x, n_trials=0)
+    with pytest.raises(ValueError, match="fn must return shape"):
+        M.influence_matrix(lambda z: z.sum(-2), x)
+
+
+# --------------------------------------------------------------- draw_mask
+def test_draw_mask_cells_and_labels():
+    fig = Figure()
+    ax = fig.add_subplot()
+    mask = A.causal_mask(3)
+    w = torch.softmax(torch.zeros(3, 3).masked_fill(~mask, -math.inf), -1)
+    M.draw_mask(ax, mask, weights=w, title="t")
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["1.00", "-", "-", "0.50", "0.50", "-",
+                     "0.33", "0.33", "0.33"]
+    assert ax.get_title() == "t"
+    ax2 = fig.add_subplot(122)
+    M.draw_mask(ax2, mask, key_labels=list("abc"))
+    assert [t.get_text() for t in ax2.get_xticklabels()] == ["a", "b", "c"]
+    assert not ax2.texts
+
+
+def test_draw_mask_bad_input():
+    ax = Figure().add_subplot()
+    with pytest.raises(ValueError, match=r"mask must have shape \(Lq, Lk\)"):
+        M.draw_mask(ax, torch.ones(2, 2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="weights must have shape"):
+        M.draw_mask(ax, torch.ones(2, 2, dtype=torch.bool),
+                    weights=torch.ones(2, 3))
