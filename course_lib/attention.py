@@ -53,9 +53,11 @@ def _check_positive(name: str, value) -> None:
 
 
 def _check_lengths(lengths, *, minimum: int) -> list[int]:
-    if isinstance(lengths, torch.Tensor) and lengths.dim() == 1:
+    # 1-D tensors and NumPy arrays become lists (`not array` is ambiguous).
+    if getattr(lengths, "ndim", None) == 1 and hasattr(lengths, "tolist"):
         lengths = lengths.tolist()
-    if isinstance(lengths, (str, torch.Tensor)) or not lengths:
+    if isinstance(lengths, str) or hasattr(lengths, "ndim") or \
+            len(lengths) == 0:
         raise ValueError(f"lengths must be a non-empty list or 1-D tensor "
                          f"of ints, got {lengths!r:.60}")
     for n in lengths:
@@ -171,7 +173,9 @@ def causal_mask(q_len: int, k_len: int | None = None, *,
     sits at the last key. With $L_q = L_k$ this is the lower triangle;
     with $L_q = 1$ (one new token against a cache of $L_k$ keys) the row
     is all True. torch's ``is_causal=True`` aligns to the *start*
-    (top-left) instead, which differs when $L_q \ne L_k$.
+    (top-left) instead, which differs when $L_q \ne L_k$. With
+    $L_q > L_k$ the first $L_q - L_k$ rows allow no key at all (attention
+    returns zeros there).
 
     Args:
         q_len, k_len: numbers of queries Lq and keys Lk (default Lq).
@@ -215,7 +219,8 @@ def sliding_window_mask(q_len: int, k_len: int | None = None, *,
     return causal & (j > i + (k_len - q_len) - window)          # (Lq, Lk)
 
 
-def padding_mask(lengths, max_len: int) -> torch.Tensor:
+def padding_mask(lengths, max_len: int, *,
+                 device: torch.device | str | None = None) -> torch.Tensor:
     r"""Key-padding mask (B, 1, Lk): True for real keys, False for padding.
 
     Sequence $b$ has ``lengths[b]`` real tokens, then padding up to
@@ -226,8 +231,10 @@ def padding_mask(lengths, max_len: int) -> torch.Tensor:
     masked: their outputs are computed and ignored downstream.
 
     Args:
-        lengths: B ints (list or 1-D integer tensor), each in [0, max_len].
+        lengths: B ints (list, 1-D integer tensor or array), each in
+            [0, max_len].
         max_len: padded length Lk.
+        device: where to build the mask (match it to the scores).
 
     Introduced in chapter 3.
     """
@@ -236,8 +243,8 @@ def padding_mask(lengths, max_len: int) -> torch.Tensor:
     if max(lengths) > max_len:
         raise ValueError(f"lengths must be <= max_len = {max_len}, got "
                          f"{max(lengths)}")
-    lens = torch.tensor(lengths)[:, None, None]                 # (B, 1, 1)
-    pos = torch.arange(max_len)[None, None, :]                  # (1, 1, Lk)
+    lens = torch.tensor(lengths, device=device)[:, None, None]  # (B, 1, 1)
+    pos = torch.arange(max_len, device=device)[None, None, :]   # (1, 1, Lk)
     return pos < lens                                           # (B, 1, Lk)
 
 

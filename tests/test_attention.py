@@ -360,3 +360,12 @@ def test_saturation_gradient_matches_autograd():
         (out @ up).sum().backward()
         ref = q.grad[:, 0].norm(dim=-1).median().item()
         assert math.isclose(stats.grad_norm, ref, rel_tol=1e-9)
+
+
+def test_padding_mask_accepts_numpy_lengths_and_device():
+    import numpy as np
+    expected = A.padding_mask([3, 1], 4)
+    assert torch.equal(A.padding_mask(np.array([3, 1]), 4), expected)
+    assert A.padding_mask([3, 1], 4, device="cpu").device.type == "cpu"
+    with pytest.raises(ValueError, match="lengths must be a non-empty"):
+        A.padding_mask(np.array([]), 4)
