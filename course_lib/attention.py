@@ -22,11 +22,12 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from .validation import check_int, check_real
 
 __all__ = ["scaled_dot_product_attention", "causal_mask", "padding_mask",
            "sliding_window_mask", "combine_masks", "softmax_jacobian",
@@ -35,23 +36,6 @@ __all__ = ["scaled_dot_product_attention", "causal_mask", "padding_mask",
 
 
 # --------------------------------------------------------------- checks
-def _check_int(name: str, value, *, minimum: int) -> None:
-    # bool is an Integral in Python; a flag passed as a size is a bug.
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(
-            f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"{name} must be a real number, got "
-                         f"{type(value).__name__} {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
-
-
 def _check_lengths(lengths, *, minimum: int) -> list[int]:
     # 1-D tensors and NumPy arrays become lists (`not array` is ambiguous).
     if getattr(lengths, "ndim", None) == 1 and hasattr(lengths, "tolist"):
@@ -61,7 +45,7 @@ def _check_lengths(lengths, *, minimum: int) -> list[int]:
         raise ValueError(f"lengths must be a non-empty list or 1-D tensor "
                          f"of ints, got {lengths!r:.60}")
     for n in lengths:
-        _check_int("each of lengths", n, minimum=minimum)
+        check_int("each of lengths", n, minimum=minimum)
     return list(lengths)
 
 
@@ -105,7 +89,7 @@ def _check_inputs(q, k, v, mask, scale) -> float:
                              f"{tuple(scores)}")
     if scale is None:
         return 1.0 / math.sqrt(q.shape[-1])
-    _check_positive("scale", scale)
+    check_real("scale", scale, positive=True)
     return scale
 
 
@@ -183,9 +167,9 @@ def causal_mask(q_len: int, k_len: int | None = None, *,
 
     Introduced in chapter 3.
     """
-    _check_int("q_len", q_len, minimum=1)
+    check_int("q_len", q_len, minimum=1)
     k_len = q_len if k_len is None else k_len
-    _check_int("k_len", k_len, minimum=1)
+    check_int("k_len", k_len, minimum=1)
     i = torch.arange(q_len, device=device)[:, None]             # (Lq, 1)
     j = torch.arange(k_len, device=device)[None, :]             # (1, Lk)
     # j <= i + Lk - Lq
@@ -210,7 +194,7 @@ def sliding_window_mask(q_len: int, k_len: int | None = None, *,
 
     Introduced in chapter 3.
     """
-    _check_int("window", window, minimum=1)
+    check_int("window", window, minimum=1)
     causal = causal_mask(q_len, k_len, device=device)           # (Lq, Lk)
     k_len = causal.shape[1]
     i = torch.arange(q_len, device=device)[:, None]             # (Lq, 1)
@@ -238,7 +222,7 @@ def padding_mask(lengths, max_len: int, *,
 
     Introduced in chapter 3.
     """
-    _check_int("max_len", max_len, minimum=1)
+    check_int("max_len", max_len, minimum=1)
     lengths = _check_lengths(lengths, minimum=0)
     if max(lengths) > max_len:
         raise ValueError(f"lengths must be <= max_len = {max_len}, got "
@@ -308,10 +292,10 @@ def score_variance_mc(d_k: int, n_samples: int, *, sigma_q: float = 1.0,
 
     Introduced in chapter 3.
     """
-    _check_int("d_k", d_k, minimum=1)
-    _check_int("n_samples", n_samples, minimum=2)
-    _check_positive("sigma_q", sigma_q)
-    _check_positive("sigma_k", sigma_k)
+    check_int("d_k", d_k, minimum=1)
+    check_int("n_samples", n_samples, minimum=2)
+    check_real("sigma_q", sigma_q, positive=True)
+    check_real("sigma_k", sigma_k, positive=True)
     qk = torch.randn(2, n_samples, d_k, generator=generator,
                      dtype=torch.float64)                   # (2, N, d_k)
     q, k = sigma_q * qk[0], sigma_k * qk[1]                 # (N, d_k) each
@@ -351,7 +335,7 @@ def saturation_stats(d_k: int, *, n_keys: int = 16, n_rows: int = 500,
     """
     for name, value, low in (("d_k", d_k, 1), ("n_keys", n_keys, 2),
                              ("n_rows", n_rows, 1), ("d_v", d_v, 1)):
-        _check_int(name, value, minimum=low)
+        check_int(name, value, minimum=low)
     kw = dict(generator=generator, dtype=torch.float64)
     q = torch.randn(n_rows, 1, d_k, **kw)                       # (R, 1, d_k)
     k = torch.randn(n_rows, n_keys, d_k, **kw)                  # (R, n, d_k)
@@ -389,7 +373,7 @@ def attention_weights_bytes(length: int, *, batch: int = 1,
     """
     for name, value in (("length", length), ("batch", batch),
                         ("n_heads", n_heads)):
-        _check_int(name, value, minimum=1)
+        check_int(name, value, minimum=1)
     itemsize = torch.empty((), dtype=dtype).element_size()
     return batch * n_heads * length * length * itemsize
 
@@ -441,7 +425,7 @@ def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
     lengths = _check_lengths(lengths, minimum=1)
     for name, value in (("d_k", d_k), ("batch", batch),
                         ("n_heads", n_heads), ("repeats", repeats)):
-        _check_int(name, value, minimum=1)
+        check_int(name, value, minimum=1)
     g = torch.Generator().manual_seed(seed)
     rows = []
     for L in lengths:

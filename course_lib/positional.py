@@ -19,9 +19,10 @@ Introduced in chapter 2.
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 
 import torch
+
+from .validation import check_int, check_real
 
 __all__ = ["frequencies", "wavelengths", "sinusoidal_encoding",
            "rotation_matrix", "offset_dot_product", "apply_rope",
@@ -29,31 +30,11 @@ __all__ = ["frequencies", "wavelengths", "sinusoidal_encoding",
 
 
 # --------------------------------------------------------------- checks
-def _check_int(name: str, value, *, minimum: int) -> None:
-    # bool is an Integral in Python; a flag passed as a size is a bug.
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(
-            f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
 def _check_d_model(name: str, value) -> None:
-    _check_int(name, value, minimum=2)
+    check_int(name, value, minimum=2)
     if value % 2:
         raise ValueError(
             f"{name} must be even, got {value} (features come in pairs)")
-
-
-def _check_real(name: str, value, *, positive: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(
-            f"{name} must be a real number, got {type(value).__name__} "
-            f"{value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if positive and value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
 
 
 def _check_sequence(name: str, x: torch.Tensor) -> None:
@@ -78,7 +59,7 @@ def frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     Introduced in chapter 2.
     """
     _check_d_model("d_model", d_model)
-    _check_real("base", base, positive=True)
+    check_real("base", base, positive=True)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)   # (P,)
     # w_i = base^(-2i/D)
     return base ** (-two_i / d_model)                          # (P,)
@@ -120,7 +101,7 @@ def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0,
 
     Introduced in chapter 2.
     """
-    _check_int("length", length, minimum=1)
+    check_int("length", length, minimum=1)
     w = frequencies(d_model, base)                             # (P,)
     pos = torch.arange(length, dtype=torch.float64)            # (L,)
     # Angles in float64: p * w_i reaches thousands of radians, where
@@ -153,7 +134,7 @@ def rotation_matrix(k: float, d_model: int, base: float = 10000.0,
 
     Introduced in chapter 2.
     """
-    _check_real("k", k, positive=False)
+    check_real("k", k, positive=False)
     c = k * frequencies(d_model, base)                         # (P,)
     cos, sin = torch.cos(c), torch.sin(c)                      # (P,)
     r = torch.zeros(d_model, d_model, dtype=torch.float64)     # (D, D)
@@ -329,7 +310,7 @@ def draw_clock_hands(fig, *, position: float, d_model: int = 16,
 
     Introduced in chapter 2.
     """
-    _check_real("position", position, positive=False)
+    check_real("position", position, positive=False)
     w = frequencies(d_model, base).tolist()                    # (P,)
     n = d_model // 2
     circle = torch.linspace(0, 2 * math.pi, 121)

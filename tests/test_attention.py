@@ -299,7 +299,7 @@ def test_bad_inputs_attention():
         A.scaled_dot_product_attention(q, k.long(), v)
     with pytest.raises(ValueError, match="leading dims"):
         A.scaled_dot_product_attention(q, torch.randn(3, 7, 8), v)
-    with pytest.raises(ValueError, match="scale must be finite and > 0"):
+    with pytest.raises(ValueError, match="scale must be > 0, got 0.0"):
         A.scaled_dot_product_attention(q, k, v, scale=0.0)
     with pytest.raises(ValueError, match="scale must be a real number"):
         A.scaled_dot_product_attention(q, k, v, scale="big")
@@ -331,7 +331,7 @@ def test_bad_inputs_masks_and_helpers():
         A.softmax_jacobian(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="d_k must be >= 1, got 0"):
         A.score_variance_mc(0, 100)
-    with pytest.raises(ValueError, match="sigma_q must be finite and > 0"):
+    with pytest.raises(ValueError, match="sigma_q must be > 0, got -1.0"):
         A.score_variance_mc(4, 100, sigma_q=-1.0)
     with pytest.raises(ValueError, match="n_keys must be >= 2"):
         A.saturation_stats(4, n_keys=1)
