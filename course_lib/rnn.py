@@ -1,0 +1,474 @@
+r"""Recurrent networks and the three limits that motivated attention.
+
+A recurrent network reads a sequence one step at a time,
+$h_t = \tanh(W_{xh} x_t + b_{xh} + W_{hh} h_{t-1} + b_{hh})$, so (1) the
+$T$ steps cannot run in parallel, (2) the influence of $x_t$ on $h_T$ passes
+through $T-t$ Jacobians and decays (or explodes) like $\rho^{T-t}$, and (3)
+the longest signal path between two positions grows like $O(T)$. This module
+measures each limit and holds the small models of the recall experiment.
+
+Shape letters: B batch, T sequence length, D input width (d_in), H hidden
+width (d_h), V vocabulary size (symbols, without the query token).
+
+Introduced in chapter 1.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+_ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda z: z}
+
+
+class SimpleRNN(nn.Module):
+    r"""Elman RNN written as an explicit loop over time.
+
+    $h_t = \phi(W_{xh} x_t + b_{xh} + W_{hh} h_{t-1} + b_{hh})$ with
+    $h_0 = 0$ unless given. Parameter names and initialisation follow
+    ``torch.nn.RNN`` so that weights can be copied across.
+
+    Args:
+        input_size: D, width of each input vector $x_t$.
+        hidden_size: H, width of the hidden state $h_t$.
+        nonlinearity: $\phi$; "tanh" (default), "relu" or "linear" (the
+            identity, used for the closed-form gradient analysis).
+
+    Introduced in chapter 1.
+    """
+
+    def __init__(self, *, input_size: int, hidden_size: int,
+                 nonlinearity: str = "tanh") -> None:
+        super().__init__()
+        if nonlinearity not in _ACTIVATIONS:
+            raise ValueError(f"nonlinearity must be one of "
+                             f"{sorted(_ACTIVATIONS)}, got {nonlinearity!r}")
+        for name, value in (("input_size", input_size),
+                            ("hidden_size", hidden_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"{name} must be a positive int, got {value!r}")
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.nonlinearity = nonlinearity
+        self.weight_ih = nn.Parameter(torch.empty(hidden_size, input_size))
+        self.weight_hh = nn.Parameter(torch.empty(hidden_size, hidden_size))
+        self.bias_ih = nn.Parameter(torch.empty(hidden_size))
+        self.bias_hh = nn.Parameter(torch.empty(hidden_size))
+        # Same scheme as torch.nn.RNN: U(-1/sqrt(H), 1/sqrt(H)) everywhere.
+        bound = 1.0 / math.sqrt(hidden_size)
+        for p in self.parameters():
+            nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the recurrence over ``x`` (B, T, D) from ``h0`` (B, H).
+
+        Returns ``(outputs, h_T)``: every state (B, T, H) and the last (B, H).
+        """
+        if x.dim() != 3 or x.shape[-1] != self.input_size:
+            raise ValueError(f"x must have shape (B, T, {self.input_size}), "
+                             f"got {tuple(x.shape)}")
+        B, T, _ = x.shape
+        if h0 is None:
+            h0 = x.new_zeros(B, self.hidden_size)  # (B, H)
+        elif h0.shape != (B, self.hidden_size):
+            raise ValueError(f"h0 must have shape ({B}, {self.hidden_size}), "
+                             f"got {tuple(h0.shape)}")
+        phi = _ACTIVATIONS[self.nonlinearity]
+        h, outputs = h0, []
+        for t in range(T):  # the loop that cannot be parallelised over t
+            # h_t = phi(W_xh x_t + b_xh + W_hh h_{t-1} + b_hh)
+            h = phi(x[:, t] @ self.weight_ih.T + self.bias_ih
+                    + h @ self.weight_hh.T + self.bias_hh)  # (B, H)
+            outputs.append(h)
+        return torch.stack(outputs, dim=1), h  # (B, T, H), (B, H)
+
+
+def set_recurrent_scale(rnn: nn.Module, *, rho: float,
+                        generator: torch.Generator | None = None) -> None:
+    r"""Set ``rnn.weight_hh`` to $\rho Q$ with $Q$ a random orthogonal matrix.
+
+    Every eigenvalue of $\rho Q$ has modulus $\rho$ and every singular value
+    equals $\rho$, so $\|W_{hh}^k\|_2 = \rho^k$ exactly: $\rho$ is both
+    the spectral radius and the per-step gain of the linear recurrence.
+
+    Args:
+        rnn: a module with a square ``weight_hh`` (H, H) parameter.
+        rho: the scale $\rho > 0$.
+        generator: optional RNG for the orthogonal matrix.
+
+    Introduced in chapter 1.
+    """
+    if not rho > 0:
+        raise ValueError(f"rho must be positive, got {rho}")
+    H = rnn.weight_hh.shape[0]
+    a = torch.randn(H, H, generator=generator)  # (H, H)
+    q, r = torch.linalg.qr(a)
+    q = q * torch.sign(torch.diagonal(r))  # sign fix: Haar-uniform Q
+    with torch.no_grad():
+        rnn.weight_hh.copy_(rho * q)
+
+
+def gradient_norm_vs_distance(rnn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    r"""Frobenius norm of $\partial h_T / \partial x_t$ against distance.
+
+    By the chain rule, with $a_s$ the pre-activation at step $s$,
+    $\frac{\partial h_T}{\partial x_t} = \Big(\prod_{s=t+1}^{T}
+    \mathrm{diag}(\phi'(a_s)) W_{hh}\Big)\mathrm{diag}(\phi'(a_t)) W_{xh}$:
+    a product of $T-t$ matrices, whose norm behaves like $\rho^{T-t}$.
+    The Jacobian is computed exactly by autograd (one batched backward pass
+    seeded with every unit vector of $h_T$).
+
+    Args:
+        rnn: a module returning ``(outputs, h_T)``; ``h_T`` may be (B, H) or
+            ``torch.nn.RNN``'s (layers, B, H) (the last layer is used).
+        x: inputs (B, T, D).
+
+    Returns:
+        (B, T) tensor whose entry ``[b, k]`` is
+        $\|\partial h_T / \partial x_{T-k}\|_F$ for sample ``b``, so column
+        ``k`` is distance ``k`` (k = 0 is the last input).
+
+    Introduced in chapter 1.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape (B, T, D), got {tuple(x.shape)}")
+    x = x.detach().clone().requires_grad_(True)
+    h_T = rnn(x)[1]
+    h_T = h_T[-1] if h_T.dim() == 3 else h_T  # (B, H)
+    B, H = h_T.shape
+    # One backward pass vmapped over the H one-hot seeds e_j: seed j gives
+    # row j of every sample's Jacobian at once (samples are independent, so
+    # sample b's gradient only reaches x[b]).
+    seeds = torch.eye(H).unsqueeze(1).expand(H, B, H)  # (H, B, H)
+    (jac,) = torch.autograd.grad(h_T, x, grad_outputs=seeds,
+                                 is_grads_batched=True)  # (H, B, T, D)
+    jac = jac.permute(1, 2, 0, 3)  # (B, T, H, D)
+    norms = jac.pow(2).sum(dim=(2, 3)).sqrt()  # (B, T), indexed by t
+    return norms.flip(1)  # (B, T), indexed by distance k = T - 1 - t
+
+
+@dataclass
+class TimingResult:
+    """Best-of-``repeats`` wall times for one sequence length."""
+
+    length: int
+    rnn_seconds: float  # T sequential recurrence steps
+    attention_seconds: float  # one self-attention over all T positions
+
+    @property
+    def ratio(self) -> float:
+        """How many times slower the recurrence is (< 1: attention slower)."""
+        return self.rnn_seconds / self.attention_seconds
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()  # warm-up: first calls allocate buffers
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)  # the minimum is the least noisy estimate
+
+
+def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
+                                 batch: int = 8, repeats: int = 5,
+                                 seed: int = 0) -> list[TimingResult]:
+    r"""Time an RNN's $T$ sequential steps against one self-attention.
+
+    Both sides get one parallel input projection (RNN: $XW_{xh}^\top$;
+    attention: $X[W^Q W^K W^V]$). Then the RNN runs $T$ dependent steps
+    $h_t = \tanh(\cdot + W_{hh}h_{t-1})$, while attention runs
+    $\mathrm{softmax}(QK^\top/\sqrt{d})V$ as two batched matmuls. Attention
+    does $O(T^2 d)$ work against the RNN's $O(T d^2)$, so on a CPU it can be
+    slower for long sequences; its advantage is $O(1)$ sequential steps.
+
+    Args:
+        lengths: sequence lengths T to time.
+        d_model: width d of inputs, states, queries, keys and values.
+        batch: batch size B.
+        repeats: timed calls per measurement (the minimum is kept).
+        seed: seed of the random weights and inputs.
+
+    Returns:
+        One ``TimingResult`` per length, in order.
+
+    Introduced in chapter 1.
+    """
+    if not lengths or any(not isinstance(t, int) or t < 1 for t in lengths):
+        raise ValueError(f"lengths must be positive ints, got {lengths!r}")
+    for name, value in (("d_model", d_model), ("batch", batch),
+                        ("repeats", repeats)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    g = torch.Generator().manual_seed(seed)
+    w_ih = torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model)
+    w_hh = torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model)
+    w_qkv = torch.randn(d_model, 3 * d_model, generator=g) / math.sqrt(d_model)
+    results = []
+    for T in lengths:
+        x = torch.randn(batch, T, d_model, generator=g)  # (B, T, D)
+
+        def recurrence() -> torch.Tensor:
+            xw = x @ w_ih.T  # (B, T, D), parallel over t
+            h = x.new_zeros(batch, d_model)  # (B, D)
+            for t in range(T):  # T dependent steps
+                h = torch.tanh(xw[:, t] + h @ w_hh.T)  # (B, D)
+            return h
+
+        def attention() -> torch.Tensor:
+            q, k, v = (x @ w_qkv).split(d_model, dim=-1)  # 3 x (B, T, D)
+            scores = q @ k.transpose(1, 2) / math.sqrt(d_model)  # (B, T, T)
+            return torch.softmax(scores, dim=-1) @ v  # (B, T, D)
+
+        with torch.inference_mode():
+            results.append(TimingResult(T, _best_time(recurrence, repeats),
+                                        _best_time(attention, repeats)))
+    return results
+
+
+def make_recall_batch(batch: int, distance: int, *, vocab_size: int,
+                      generator: torch.Generator | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Sample the recall task: recall the first symbol ``distance`` steps on.
+
+    A sequence is $s_0, s_1, \dots, s_{n-1}, \mathtt{QUERY}$ with
+    $n$ = ``distance`` i.i.d. uniform symbols from $\{0,\dots,V-1\}$ and the
+    query token $V$ at position $n$; the target is $s_0$. Symbols
+    $s_1..s_{n-1}$ are distractors drawn from the same alphabet, so chance
+    accuracy is $1/V$.
+
+    Returns:
+        ``(inputs, targets)``: int64 (B, distance + 1) and (B,).
+
+    Introduced in chapter 1.
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    if distance < 1:
+        raise ValueError(f"distance must be >= 1, got {distance}")
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    symbols = torch.randint(vocab_size, (batch, distance),
+                            generator=generator)  # (B, distance)
+    query = torch.full((batch, 1), vocab_size)  # (B, 1): token id V
+    return torch.cat([symbols, query], dim=1), symbols[:, 0]
+
+
+class RNNRecaller(nn.Module):
+    """Embedding -> tanh RNN (``torch.nn.RNN``) -> linear readout of $h_T$.
+
+    Introduced in chapter 1.
+    """
+
+    def __init__(self, *, vocab_size: int, hidden_size: int = 64) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size + 1, hidden_size)  # +1: QUERY
+        # The fused torch.nn.RNN computes exactly SimpleRNN (tested), faster.
+        self.rnn = nn.RNN(hidden_size, hidden_size, batch_first=True)
+        self.readout = nn.Linear(hidden_size, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, V) for int tokens (B, T)."""
+        _, h_T = self.rnn(self.embed(tokens))  # (1, B, H)
+        return self.readout(h_T[0])  # (B, V)
+
+
+class AttentionRecaller(nn.Module):
+    r"""One attention layer whose only query is the last (QUERY) position.
+
+    $h_j = e(x_j) + p_j$, $q = W^Q h_T$, $k_j = W^K h_j$, $v_j = W^V h_j$,
+    $\alpha = \mathrm{softmax}(k_j^\top q / \sqrt{d})$, logits $=
+    W^{out} \sum_j \alpha_j v_j$. Every position is one step from the query.
+
+    Introduced in chapter 1.
+    """
+
+    def __init__(self, *, vocab_size: int, d_model: int = 32,
+                 max_len: int = 128) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size + 1, d_model)  # +1: QUERY
+        self.pos = nn.Embedding(max_len, d_model)  # learned positions p_j
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)  # W^Q
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)  # W^K
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)  # W^V
+        self.readout = nn.Linear(d_model, vocab_size)  # W^{out}
+        self.last_weights: torch.Tensor | None = None  # (B, T), for plots
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        r"""Logits (B, V) for int tokens (B, T); keeps $\alpha$ for plots."""
+        B, T = tokens.shape
+        if T > self.pos.num_embeddings:
+            raise ValueError(f"tokens length must be <= max_len "
+                             f"{self.pos.num_embeddings}, got {T}")
+        h = self.embed(tokens) + self.pos.weight[:T]  # (B, T, d)
+        q = self.q_proj(h[:, -1])  # (B, d)
+        k, v = self.k_proj(h), self.v_proj(h)  # (B, T, d) each
+        # alpha = softmax(K q / sqrt(d))
+        scores = (k @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])
+        alpha = torch.softmax(scores, dim=-1)  # (B, T)
+        self.last_weights = alpha.detach()
+        return self.readout((alpha.unsqueeze(1) @ v).squeeze(1))  # (B, V)
+
+
+def train_recall(model: nn.Module, distance: int, *, steps: int = 300,
+                 batch: int = 64, lr: float = 3e-3, seed: int = 0
+                 ) -> list[float]:
+    """Train ``model`` on fresh recall batches with AdamW and cross-entropy.
+
+    Returns the training loss of every step. Introduced in chapter 1.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    g = torch.Generator().manual_seed(seed)
+    # fused=True: one kernel updates every parameter, instead of a dozen
+    # tiny ops per parameter tensor (these models are small; overhead rules).
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        x, y = make_recall_batch(batch, distance,
+                                 vocab_size=model.vocab_size, generator=g)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@torch.no_grad()
+def recall_accuracy(model: nn.Module, distance: int, *, batch: int = 1000,
+                    seed: int = 12345) -> float:
+    """Accuracy on one fixed held-out batch. Introduced in chapter 1."""
+    g = torch.Generator().manual_seed(seed)
+    x, y = make_recall_batch(batch, distance, vocab_size=model.vocab_size,
+                             generator=g)
+    model.eval()
+    return (model(x).argmax(-1) == y).float().mean().item()
+
+
+PATH_KINDS = ("rnn", "cnn", "dilated_cnn", "restricted_attention", "attention")
+
+
+def _successors(kind: str, node: tuple[int, int], n: int, k: int):
+    """Nodes that read ``node`` = (layer, position); layer 0 is the input."""
+    layer, i = node
+    if kind == "rnn":  # x_i -> h_i; h_i -> h_{i+1} (both live in layer 1)
+        targets = [i] if layer == 0 else [i + 1]
+        return [(1, j) for j in targets if j < n]
+    if kind == "attention":  # one layer: every output reads every input
+        return [(layer + 1, j) for j in range(n)]
+    # Causal convolution / causal window: output j of layer l+1 reads inputs
+    # j - m * dilation, m = 0..k-1; WaveNet-style dilation k**l doubles reach.
+    dilation = k ** layer if kind == "dilated_cnn" else 1
+    return [(layer + 1, i + m * dilation) for m in range(k)
+            if i + m * dilation < n]
+
+
+def max_path_length(kind: str, length: int, *, kernel_size: int = 3) -> int:
+    r"""Longest shortest path (in edges) from an input to an output position.
+
+    Builds the layered dependency graph of ``kind`` lazily and runs a BFS
+    from input position 0; the answer is the BFS distance of the first node
+    at output position ``length - 1`` (the farthest pair, since every graph
+    here is causal and shift-invariant). Closed forms, Table 1 of Vaswani et
+    al. (2017): rnn $n$; cnn (contiguous) and restricted_attention
+    $\lceil (n-1)/(k-1) \rceil$; dilated_cnn $\lceil \log_k n \rceil$;
+    attention 1 (for $n > 1$; a single position needs 0 or 1 edge).
+
+    Args:
+        kind: one of "rnn", "cnn", "dilated_cnn", "restricted_attention",
+            "attention".
+        length: n, the sequence length.
+        kernel_size: k, the kernel width or attention window (>= 2).
+
+    Introduced in chapter 1.
+    """
+    if kind not in PATH_KINDS:
+        raise ValueError(f"kind must be one of {PATH_KINDS}, got {kind!r}")
+    if not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive int, got {length!r}")
+    if kernel_size < 2:
+        raise ValueError(f"kernel_size must be >= 2, got {kernel_size}")
+    graph = "cnn" if kind == "restricted_attention" else kind
+    start = (0, 0)
+    dist = {start: 0}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for nxt in _successors(graph, node, length, kernel_size):
+            if nxt in dist:
+                continue
+            dist[nxt] = dist[node] + 1
+            if nxt[1] == length - 1:  # reached the last output position
+                return dist[nxt]
+            queue.append(nxt)
+    raise RuntimeError("unreachable")  # every graph here is connected
+
+
+def draw_seq2seq(ax, source: list[str], target: list[str]) -> None:
+    """Draw an RNN encoder-decoder translating ``source`` into ``target``.
+
+    Encoder states $h_1..h_n$ read the source left to right; the last one is
+    the fixed-size context $c$, the only thing the decoder sees of the
+    source; decoder states $s_1..s_m$ each read the previous output.
+    Arrows are dependencies, so the longest chain has $n + m$ steps.
+
+    Args:
+        ax: a matplotlib Axes to draw into.
+        source, target: token strings (ASCII; plain matplotlib fonts).
+
+    Introduced in chapter 1.
+    """
+    if not source or not target:
+        raise ValueError(f"source and target must be non-empty, got "
+                         f"{len(source)} and {len(target)} tokens")
+    n, m = len(source), len(target)
+    enc_x = [1.4 * i for i in range(n)]
+    c_x = enc_x[-1] + 1.6
+    dec_x = [c_x + 1.6 + 1.4 * j for j in range(m)]
+    arrow = dict(arrowstyle="->", color="0.3", lw=1.2)
+
+    def box(x, y, text, color):
+        ax.text(x, y, text, ha="center", va="center", fontsize=10,
+                bbox=dict(boxstyle="round,pad=0.35", fc=color, ec="0.3"))
+
+    def link(x0, y0, x1, y1, **kw):
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                    arrowprops={**arrow, **kw})
+
+    for i, (x, tok) in enumerate(zip(enc_x, source)):
+        box(x, 0, f"$h_{i + 1}$", "#cfe2f3")
+        box(x, -1.3, tok, "white")
+        link(x, -1.05, x, -0.3)
+        if i:
+            link(enc_x[i - 1] + 0.35, 0, x - 0.35, 0)
+    box(c_x, 0, "$c$", "#f4cccc")
+    link(enc_x[-1] + 0.35, 0, c_x - 0.3, 0, color="#cc0000", lw=2)
+    ax.text(c_x, 0.75, "fixed-size\nbottleneck", ha="center", fontsize=9,
+            color="#cc0000")
+    inputs = ["<bos>"] + target[:-1]
+    for j, (x, tok) in enumerate(zip(dec_x, target)):
+        box(x, 0, f"$s_{j + 1}$", "#d9ead3")
+        box(x, -1.3, inputs[j], "white")
+        box(x, 1.3, tok, "#fff2cc")
+        link(x, -1.05, x, -0.3)
+        link(x, 0.3, x, 1.05)
+        prev = c_x + 0.3 if j == 0 else dec_x[j - 1] + 0.35
+        link(prev, 0, x - 0.35, 0, **({"color": "#cc0000", "lw": 2}
+                                        if j == 0 else {}))
+        if j:  # each output is fed back as the next input
+            link(dec_x[j - 1] + 0.2, 1.1, x - 0.2, -1.1, ls=":", color="0.6")
+    ax.text(sum(enc_x) / n, -2.1, "encoder", ha="center", fontsize=11)
+    ax.text(sum(dec_x) / m, -2.1, "decoder", ha="center", fontsize=11)
+    ax.set_xlim(-0.8, dec_x[-1] + 0.8)
+    ax.set_ylim(-2.4, 1.9)
+    ax.axis("off")

@@ -1,0 +1,328 @@
+"""Tests for course_lib.rnn (chapter 1)."""
+import math
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from course_lib.rnn import (  # noqa: E402
+    AttentionRecaller, RNNRecaller, SimpleRNN, TimingResult, draw_seq2seq,
+    gradient_norm_vs_distance, make_recall_batch, max_path_length,
+    recall_accuracy, set_recurrent_scale, time_recurrence_vs_attention,
+    train_recall)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+def _torch_copy(rnn: SimpleRNN) -> torch.nn.RNN:
+    ref = torch.nn.RNN(rnn.input_size, rnn.hidden_size, batch_first=True,
+                       nonlinearity=rnn.nonlinearity)
+    with torch.no_grad():
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(ref, f"{name}_l0").copy_(getattr(rnn, name))
+    return ref
+
+
+# ---------------------------------------------------------------- SimpleRNN
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_simple_rnn_matches_torch_rnn(nonlinearity, with_h0):
+    rnn = SimpleRNN(input_size=5, hidden_size=7, nonlinearity=nonlinearity)
+    ref = _torch_copy(rnn)
+    x = torch.randn(3, 11, 5)
+    h0 = torch.randn(3, 7) if with_h0 else None
+    out, h_T = rnn(x, h0)
+    ref_out, ref_h = ref(x, None if h0 is None else h0.unsqueeze(0))
+    assert out.shape == (3, 11, 7) and h_T.shape == (3, 7)
+    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(h_T, ref_h[0], atol=1e-6, rtol=1e-5)
+
+
+def test_simple_rnn_linear_is_closed_form_sum():
+    # Linear recurrence from h_0 = 0: h_T = sum_t W^{T-t} (W_xh x_t + b).
+    rnn = SimpleRNN(input_size=3, hidden_size=4, nonlinearity="linear")
+    x = torch.randn(2, 6, 3)
+    _, h_T = rnn(x)
+    b = rnn.bias_ih + rnn.bias_hh
+    expected = sum(
+        (x[:, t] @ rnn.weight_ih.T + b)
+        @ torch.linalg.matrix_power(rnn.weight_hh, 5 - t).T
+        for t in range(6))
+    torch.testing.assert_close(h_T, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_simple_rnn_is_causal():
+    rnn = SimpleRNN(input_size=4, hidden_size=6)
+    x = torch.randn(2, 9, 4)
+    x2 = x.clone()
+    x2[:, 5:] = torch.randn(2, 4, 4)  # change the future only
+    out, _ = rnn(x)
+    out2, _ = rnn(x2)
+    torch.testing.assert_close(out[:, :5], out2[:, :5])
+    assert not torch.allclose(out[:, 5:], out2[:, 5:])
+
+
+def test_simple_rnn_bad_input():
+    with pytest.raises(ValueError, match="nonlinearity must be one of"):
+        SimpleRNN(input_size=2, hidden_size=3, nonlinearity="sigmoid")
+    with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+        SimpleRNN(input_size=2, hidden_size=0)
+    rnn = SimpleRNN(input_size=2, hidden_size=3)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, 2\)"):
+        rnn(torch.randn(4, 5, 3))
+    with pytest.raises(ValueError, match=r"x must have shape"):
+        rnn(torch.randn(5, 2))
+    with pytest.raises(ValueError, match=r"h0 must have shape \(4, 3\)"):
+        rnn(torch.randn(4, 5, 2), torch.randn(1, 4, 3))
+
+
+# ------------------------------------------------------ recurrent weight scale
+@pytest.mark.parametrize("rho", [0.5, 1.0, 1.3])
+def test_set_recurrent_scale_spectrum(rho):
+    rnn = SimpleRNN(input_size=2, hidden_size=8)
+    g = torch.Generator().manual_seed(0)
+    set_recurrent_scale(rnn, rho=rho, generator=g)
+    w = rnn.weight_hh.detach().double()
+    sv = torch.linalg.svdvals(w)
+    eig = torch.linalg.eigvals(w).abs()
+    # float32 weights: agreement to ~1e-6, not double precision.
+    torch.testing.assert_close(sv, torch.full_like(sv, rho), atol=1e-5, rtol=0)
+    torch.testing.assert_close(eig, torch.full_like(eig, rho), atol=1e-5,
+                               rtol=0)
+
+
+def test_set_recurrent_scale_bad_rho():
+    rnn = SimpleRNN(input_size=2, hidden_size=3)
+    with pytest.raises(ValueError, match="rho must be positive, got -1"):
+        set_recurrent_scale(rnn, rho=-1.0)
+
+
+# -------------------------------------------------------- gradient vs distance
+def test_gradient_norm_linear_closed_form():
+    # Linear RNN: dh_T/dx_{T-k} = W_hh^k W_xh exactly, for any W_hh.
+    rnn = SimpleRNN(input_size=3, hidden_size=5, nonlinearity="linear")
+    x = torch.randn(2, 8, 3)
+    norms = gradient_norm_vs_distance(rnn, x)
+    w_hh, w_ih = rnn.weight_hh.detach(), rnn.weight_ih.detach()
+    expected = torch.stack([
+        torch.linalg.matrix_norm(torch.linalg.matrix_power(w_hh, k) @ w_ih)
+        for k in range(8)])
+    assert norms.shape == (2, 8)
+    torch.testing.assert_close(norms, expected.expand(2, 8),
+                               atol=1e-6, rtol=1e-5)
+
+
+def test_gradient_norm_orthogonal_scale_is_rho_power():
+    rnn = SimpleRNN(input_size=4, hidden_size=6, nonlinearity="linear")
+    set_recurrent_scale(rnn, rho=0.8)
+    norms = gradient_norm_vs_distance(rnn, torch.randn(1, 10, 4))[0]
+    base = torch.linalg.matrix_norm(rnn.weight_ih.detach())
+    expected = base * 0.8 ** torch.arange(10.0)
+    torch.testing.assert_close(norms, expected, atol=1e-6, rtol=1e-4)
+
+
+def test_gradient_norm_tanh_matches_autograd_jacobian():
+    rnn = SimpleRNN(input_size=3, hidden_size=4)
+    x = torch.randn(2, 5, 3)
+    norms = gradient_norm_vs_distance(rnn, x)
+    for b in range(2):
+        jac = torch.autograd.functional.jacobian(
+            lambda xb: rnn(xb.unsqueeze(0))[1][0], x[b])  # (H, T, D)
+        ref = jac.pow(2).sum(dim=(0, 2)).sqrt().flip(0)
+        torch.testing.assert_close(norms[b], ref, atol=1e-6, rtol=1e-5)
+    # |tanh'| <= 1 gives the bound ||J_k|| <= ||W_hh||_2^k ||W_xh||_F.
+    w2 = torch.linalg.matrix_norm(rnn.weight_hh.detach(), ord=2)
+    base = torch.linalg.matrix_norm(rnn.weight_ih.detach())
+    bound = base * w2 ** torch.arange(5.0)
+    assert torch.all(norms <= bound + 1e-6)
+
+
+def test_gradient_norm_accepts_torch_rnn():
+    rnn = SimpleRNN(input_size=3, hidden_size=4)
+    x = torch.randn(2, 6, 3)
+    torch.testing.assert_close(gradient_norm_vs_distance(_torch_copy(rnn), x),
+                               gradient_norm_vs_distance(rnn, x),
+                               atol=1e-6, rtol=1e-5)
+
+
+def test_gradient_norm_bad_input():
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, D\)"):
+        gradient_norm_vs_distance(SimpleRNN(input_size=3, hidden_size=2),
+                                  torch.randn(6, 3))
+
+
+# ------------------------------------------------------------------- timing
+def test_timing_returns_one_result_per_length():
+    res = time_recurrence_vs_attention([4, 16], d_model=8, batch=2, repeats=2)
+    assert [r.length for r in res] == [4, 16]
+    for r in res:
+        assert isinstance(r, TimingResult)
+        assert r.rnn_seconds > 0 and r.attention_seconds > 0
+        assert math.isclose(r.ratio, r.rnn_seconds / r.attention_seconds)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(lengths=[]), "lengths must be positive ints"),
+    (dict(lengths=[4, 0]), "lengths must be positive ints"),
+    (dict(lengths=[4], d_model=0), "d_model must be >= 1, got 0"),
+    (dict(lengths=[4], repeats=0), "repeats must be >= 1, got 0"),
+])
+def test_timing_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        time_recurrence_vs_attention(**kwargs)
+
+
+# -------------------------------------------------------------- recall task
+def test_make_recall_batch_structure():
+    g = torch.Generator().manual_seed(0)
+    x, y = make_recall_batch(500, 7, vocab_size=5, generator=g)
+    assert x.shape == (500, 8) and y.shape == (500,)
+    assert x.dtype == torch.int64
+    assert torch.all(x[:, -1] == 5)  # QUERY token is id V
+    assert torch.all((x[:, :-1] >= 0) & (x[:, :-1] < 5))
+    assert torch.equal(y, x[:, 0])
+    # All symbols occur as targets (uniform over the alphabet).
+    assert set(y.tolist()) == set(range(5))
+    x2, _ = make_recall_batch(500, 7, vocab_size=5,
+                              generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2)
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((0, 3), dict(vocab_size=4), "batch must be >= 1, got 0"),
+    ((2, 0), dict(vocab_size=4), "distance must be >= 1, got 0"),
+    ((2, 3), dict(vocab_size=1), "vocab_size must be >= 2, got 1"),
+])
+def test_make_recall_batch_bad_input(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_recall_batch(*args, **kwargs)
+
+
+def test_attention_recaller_matches_sdpa():
+    model = AttentionRecaller(vocab_size=6, d_model=8, max_len=16)
+    x, _ = make_recall_batch(4, 9, vocab_size=6)
+    logits = model(x)
+    h = model.embed(x) + model.pos.weight[:10]
+    q = model.q_proj(h[:, -1:])  # (B, 1, d)
+    ctx = torch.nn.functional.scaled_dot_product_attention(
+        q, model.k_proj(h), model.v_proj(h))  # (B, 1, d)
+    torch.testing.assert_close(logits, model.readout(ctx[:, 0]))
+    assert model.last_weights.shape == (4, 10)
+    torch.testing.assert_close(model.last_weights.sum(-1), torch.ones(4))
+
+
+def test_recallers_shapes_and_bad_length():
+    x, _ = make_recall_batch(3, 5, vocab_size=4)
+    assert RNNRecaller(vocab_size=4, hidden_size=8)(x).shape == (3, 4)
+    model = AttentionRecaller(vocab_size=4, d_model=8, max_len=4)
+    with pytest.raises(ValueError, match="tokens length must be <= max_len 4"):
+        model(x)
+
+
+def test_train_recall_attention_learns_and_accuracy():
+    model = AttentionRecaller(vocab_size=4, d_model=16, max_len=8)
+    before = recall_accuracy(model, 5, batch=400)
+    losses = train_recall(model, 5, steps=100, batch=32, lr=1e-2, seed=0)
+    assert len(losses) == 100
+    assert sum(losses[-10:]) / 10 < 0.1 < losses[0]
+    assert recall_accuracy(model, 5, batch=400) > 0.95 > before
+
+
+def test_train_recall_bad_steps():
+    with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
+        train_recall(RNNRecaller(vocab_size=3, hidden_size=4), 3, steps=0)
+
+
+class _Oracle(torch.nn.Module):
+    vocab_size = 4
+
+    def forward(self, tokens):
+        return torch.nn.functional.one_hot(tokens[:, 0], 4).float()
+
+
+class _Constant(_Oracle):
+    def forward(self, tokens):
+        return torch.zeros(tokens.shape[0], 4) + torch.arange(4.0)
+
+
+def test_recall_accuracy_oracle_and_chance():
+    assert recall_accuracy(_Oracle(), 6) == 1.0
+    # Always answering symbol 3 is right for 1/V of uniform targets.
+    assert abs(recall_accuracy(_Constant(), 6, batch=4000) - 0.25) < 0.03
+
+
+# -------------------------------------------------------------- path length
+def _reference_paths(kind, n, k):
+    """All-pairs path lengths from products of dense per-layer adjacency.
+
+    A[l][j, i] = 1 if output j of layer l reads input i. The path from i to
+    j has L edges for the smallest L with (A[L-1] ... A[0])[j, i] > 0.
+    """
+    def layer(l):
+        a = torch.zeros(n, n)
+        d = k ** l if kind == "dilated_cnn" else 1
+        for j in range(n):
+            for m in range(k):
+                if j - m * d >= 0:
+                    a[j, j - m * d] = 1
+        return a
+
+    dist = torch.full((n, n), -1)
+    reach = torch.eye(n)
+    for L in range(1, n + 1):
+        reach = ((layer(L - 1) @ reach) > 0).float()
+        dist[(dist < 0) & (reach > 0)] = L
+    return dist
+
+
+@pytest.mark.parametrize("kind", ["cnn", "dilated_cnn"])
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_max_path_is_the_farthest_pair(kind, k):
+    for n in (2, 5, 9, 17):
+        dist = _reference_paths(kind, n, k)
+        assert max_path_length(kind, n, kernel_size=k) == dist.max().item()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 9, 10, 27, 28, 64, 100, 513])
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_max_path_length_closed_forms(n, k):
+    # Table 1 of Vaswani et al. (2017): O(n), O(n/k), O(log_k n), O(1).
+    assert max_path_length("rnn", n, kernel_size=k) == n
+    contiguous = max(1, math.ceil((n - 1) / (k - 1)))
+    assert max_path_length("cnn", n, kernel_size=k) == contiguous
+    assert max_path_length("restricted_attention", n,
+                           kernel_size=k) == contiguous
+    layers = 1
+    while k ** layers < n:  # integer ceil(log_k n), no float rounding
+        layers += 1
+    assert max_path_length("dilated_cnn", n, kernel_size=k) == layers
+    assert max_path_length("attention", n, kernel_size=k) == 1
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    (("lstm", 4), {}, "kind must be one of"),
+    (("rnn", 0), {}, "length must be a positive int, got 0"),
+    (("cnn", 4), dict(kernel_size=1), "kernel_size must be >= 2, got 1"),
+])
+def test_max_path_length_bad_input(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        max_path_length(*args, **kwargs)
+
+
+# ------------------------------------------------------------------ drawing
+def test_draw_seq2seq_draws_every_token():
+    fig, ax = plt.subplots()
+    draw_seq2seq(ax, ["I", "love", "llamas"], ["j'", "adore", "les", "lamas"])
+    texts = [t.get_text() for t in ax.texts]
+    for tok in ["I", "love", "llamas", "j'", "adore", "les", "lamas",
+                "<bos>", "$c$", "$h_3$", "$s_4$"]:
+        assert tok in texts
+    plt.close(fig)
+    with pytest.raises(ValueError, match="source and target must be non-"):
+        draw_seq2seq(ax, [], ["a"])
