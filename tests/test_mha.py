@@ -1,0 +1,332 @@
+"""Tests for course_lib.mha (chapter 5).
+
+References used: torch.nn.MultiheadAttention with copied weights (self- and
+cross-attention, with boolean masks converted to torch's True = blocked
+convention), the explicit loop over heads, an MHA whose K/V weights are the
+GQA weights duplicated per group, torch's repeat_interleave, closed-form
+parameter counts and published KV-cache sizes.
+"""
+import pytest
+import torch
+from torch import nn
+
+from course_lib.attention import causal_mask, padding_mask
+from course_lib.mha import (MultiHeadAttention, merge_heads,
+                            mha_param_count, repeat_kv, split_heads)
+
+ATOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+def torch_twin(mha: MultiHeadAttention) -> nn.MultiheadAttention:
+    """torch's MultiheadAttention holding exactly the weights of ``mha``."""
+    bias = mha.q_proj.bias is not None
+    ref = nn.MultiheadAttention(mha.d_model, mha.n_heads, bias=bias,
+                                batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat(
+            [mha.q_proj.weight, mha.k_proj.weight, mha.v_proj.weight]))
+        ref.out_proj.weight.copy_(mha.o_proj.weight)
+        if bias:
+            ref.in_proj_bias.copy_(torch.cat(
+                [mha.q_proj.bias, mha.k_proj.bias, mha.v_proj.bias]))
+            ref.out_proj.bias.copy_(mha.o_proj.bias)
+    return ref
+
+
+# ---------------------------------------------------- against torch's MHA
+@pytest.mark.parametrize("bias", [True, False])
+def test_self_attention_matches_torch_no_mask(bias):
+    mha = MultiHeadAttention(32, 4, bias=bias)
+    ref = torch_twin(mha)
+    x = torch.randn(3, 7, 32)
+    out, w = mha(x, return_weights=True)
+    ref_out, ref_w = ref(x, x, x, average_attn_weights=False)
+    assert out.shape == (3, 7, 32) and w.shape == (3, 4, 7, 7)
+    assert torch.allclose(out, ref_out, atol=ATOL)
+    assert torch.allclose(w, ref_w, atol=ATOL)
+
+
+def test_causal_mask_matches_torch():
+    mha = MultiHeadAttention(24, 3)
+    ref = torch_twin(mha)
+    x = torch.randn(2, 6, 24)
+    mask = causal_mask(6)                                   # True = attend
+    out, w = mha(x, mask=mask, return_weights=True)
+    ref_out, ref_w = ref(x, x, x, attn_mask=~mask,          # True = blocked
+                         average_attn_weights=False)
+    assert torch.allclose(out, ref_out, atol=ATOL)
+    assert torch.allclose(w, ref_w, atol=ATOL)
+    assert torch.all(w.masked_select(~mask) == 0)
+
+
+def test_padding_mask_matches_torch_key_padding():
+    mha = MultiHeadAttention(16, 2)
+    ref = torch_twin(mha)
+    x = torch.randn(3, 5, 16)
+    mask = padding_mask([5, 3, 1], 5)                       # (B, 1, S)
+    out = mha(x, mask=mask)
+    ref_out, _ = ref(x, x, x, key_padding_mask=~mask[:, 0])
+    assert torch.allclose(out, ref_out, atol=ATOL)
+
+
+def test_per_example_and_per_head_masks_match_torch():
+    B, T, H = 2, 5, 4
+    mha = MultiHeadAttention(16, H)
+    ref = torch_twin(mha)
+    x = torch.randn(B, T, 16)
+    m4 = torch.rand(B, H, T, T) > 0.4
+    m4[..., 0] = True                                       # no empty rows
+    ref_out, ref_w = ref(x, x, x, attn_mask=~m4.reshape(B * H, T, T),
+                         average_attn_weights=False)
+    out, w = mha(x, mask=m4, return_weights=True)
+    assert torch.allclose(out, ref_out, atol=ATOL)
+    assert torch.allclose(w, ref_w, atol=ATOL)
+    # A (B, T, S) mask is per example and shared by the heads.
+    m3 = m4[:, 0]
+    ref_out3, _ = ref(x, x, x, attn_mask=~m3.repeat_interleave(H, dim=0))
+    assert torch.allclose(mha(x, mask=m3), ref_out3, atol=ATOL)
+
+
+def test_cross_attention_matches_torch():
+    mha = MultiHeadAttention(32, 8)
+    ref = torch_twin(mha)
+    x, ctx = torch.randn(2, 4, 32), torch.randn(2, 9, 32)
+    mask = padding_mask([9, 6], 9)
+    out, w = mha(x, context=ctx, mask=mask, return_weights=True)
+    ref_out, ref_w = ref(x, ctx, ctx, key_padding_mask=~mask[:, 0],
+                         average_attn_weights=False)
+    assert out.shape == (2, 4, 32) and w.shape == (2, 8, 4, 9)
+    assert torch.allclose(out, ref_out, atol=ATOL)
+    assert torch.allclose(w, ref_w, atol=ATOL)
+
+
+# ------------------------------------------------ loop form, fused path
+@pytest.mark.parametrize("n_kv_heads", [None, 4, 2, 1])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding", "4d"])
+def test_loop_equals_batched(n_kv_heads, mask_kind):
+    mha = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads)
+    x = torch.randn(2, 6, 32)
+    mask = {"none": None, "causal": causal_mask(6),
+            "padding": padding_mask([6, 2], 6),
+            "4d": torch.rand(2, 4, 6, 6) > 0.5}[mask_kind]
+    out, w = mha(x, mask=mask, return_weights=True)
+    out_loop, w_loop = mha.forward_loop(x, mask=mask, return_weights=True)
+    assert torch.allclose(out, out_loop, atol=ATOL)
+    assert torch.allclose(w, w_loop, atol=ATOL)
+    assert torch.allclose(mha.forward_loop(x, mask=mask), out, atol=ATOL)
+
+
+def test_loop_equals_batched_cross_attention_gqa():
+    mha = MultiHeadAttention(24, 6, n_kv_heads=2)
+    x, ctx = torch.randn(2, 3, 24), torch.randn(2, 8, 24)
+    assert torch.allclose(mha(x, ctx), mha.forward_loop(x, ctx), atol=ATOL)
+
+
+def test_fused_path_agrees():
+    mha = MultiHeadAttention(32, 4, n_kv_heads=2)
+    x = torch.randn(2, 6, 32)
+    for mask in (None, causal_mask(6), padding_mask([6, 3], 6)):
+        assert torch.allclose(mha(x, mask=mask, fused=True),
+                              mha(x, mask=mask), atol=ATOL)
+
+
+# ------------------------------------------------------------- GQA / MQA
+def test_gqa_with_all_kv_heads_equals_torch_mha():
+    mha = MultiHeadAttention(32, 4, n_kv_heads=4)
+    assert mha.n_rep == 1
+    x = torch.randn(2, 5, 32)
+    ref_out, _ = torch_twin(mha)(x, x, x)
+    assert torch.allclose(mha(x), ref_out, atol=ATOL)
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 3])
+def test_gqa_equals_mha_with_duplicated_kv_weights(n_kv_heads):
+    H, d_k = 6, 4
+    D = H * d_k
+    gqa = MultiHeadAttention(D, H, n_kv_heads=n_kv_heads)
+    mha = MultiHeadAttention(D, H)
+    rep = H // n_kv_heads
+    with torch.no_grad():
+        mha.q_proj.load_state_dict(gqa.q_proj.state_dict())
+        mha.o_proj.load_state_dict(gqa.o_proj.state_dict())
+        for name in ("k_proj", "v_proj"):
+            src, dst = getattr(gqa, name), getattr(mha, name)
+            # query head i reads K/V head i // rep: duplicate each block
+            w = src.weight.view(n_kv_heads, d_k, D)
+            dst.weight.copy_(w.repeat_interleave(rep, dim=0).reshape(D, D))
+            b = src.bias.view(n_kv_heads, d_k)
+            dst.bias.copy_(b.repeat_interleave(rep, dim=0).reshape(D))
+    x = torch.randn(2, 5, D)
+    mask = causal_mask(5)
+    assert torch.allclose(gqa(x, mask=mask), mha(x, mask=mask), atol=ATOL)
+
+
+def test_mqa_shapes_and_shared_kv():
+    mha = MultiHeadAttention(64, 8, n_kv_heads=1)
+    assert mha.k_proj.weight.shape == (8, 64)               # one head, d_k=8
+    assert mha.v_proj.weight.shape == (8, 64)
+    x = torch.randn(2, 5, 64)
+    out, w = mha(x, return_weights=True)
+    assert out.shape == (2, 5, 64) and w.shape == (2, 8, 5, 5)
+    # With one shared K, heads differ only through their queries: heads
+    # whose queries are equal attend identically.
+    with torch.no_grad():
+        mha.q_proj.weight[8:16] = mha.q_proj.weight[0:8]
+        mha.q_proj.bias[8:16] = mha.q_proj.bias[0:8]
+    _, w = mha(x, return_weights=True)
+    assert torch.equal(w[:, 0], w[:, 1])
+    assert not torch.allclose(w[:, 0], w[:, 2])
+
+
+def test_repeat_kv_matches_repeat_interleave():
+    x = torch.randn(2, 3, 5, 4)
+    out = repeat_kv(x, 2)
+    assert out.shape == (2, 6, 5, 4)
+    assert torch.equal(out, x.repeat_interleave(2, dim=1))
+    assert torch.equal(out[:, 4], x[:, 2])                  # head 4 -> kv 2
+    assert repeat_kv(x, 1) is x
+
+
+# ------------------------------------------------------- parameter counts
+@pytest.mark.parametrize("d_model,n_heads,n_kv_heads,bias", [
+    (512, 8, None, True), (512, 8, None, False), (64, 8, 2, True),
+    (64, 8, 1, False), (48, 6, 3, True)])
+def test_param_count_formula(d_model, n_heads, n_kv_heads, bias):
+    mha = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads,
+                             bias=bias)
+    n = sum(p.numel() for p in mha.parameters())
+    assert n == mha_param_count(d_model=d_model, n_heads=n_heads,
+                                n_kv_heads=n_kv_heads, bias=bias)
+
+
+def test_param_count_paper_values():
+    d = 512
+    assert mha_param_count(d_model=d, n_heads=8) == 4 * d * d + 4 * d
+    assert mha_param_count(d_model=d, n_heads=8) == 1_050_624
+    assert mha_param_count(d_model=d, n_heads=8, bias=False) == 1_048_576
+    # MQA: K and V shrink from d x d to d x d_k each.
+    assert mha_param_count(d_model=d, n_heads=8, n_kv_heads=1,
+                           bias=False) == 2 * d * d + 2 * d * 64
+    # torch's module agrees on the MHA count.
+    ref = nn.MultiheadAttention(d, 8, batch_first=True)
+    assert sum(p.numel() for p in ref.parameters()) == 1_050_624
+
+
+# ------------------------------------------------------------- properties
+def test_permutation_equivariance_self_attention():
+    mha = MultiHeadAttention(32, 4, n_kv_heads=2)
+    x = torch.randn(2, 7, 32)
+    perm = torch.randperm(7)
+    assert torch.allclose(mha(x[:, perm]), mha(x)[:, perm], atol=ATOL)
+
+
+def test_cross_attention_invariant_to_context_order():
+    mha = MultiHeadAttention(32, 4)
+    x, ctx = torch.randn(2, 3, 32), torch.randn(2, 6, 32)
+    perm = torch.randperm(6)
+    assert torch.allclose(mha(x, ctx[:, perm]), mha(x, ctx), atol=ATOL)
+
+
+def test_causal_future_never_changes_past():
+    mha = MultiHeadAttention(32, 4, n_kv_heads=1)
+    x = torch.randn(1, 8, 32)
+    y = x.clone()
+    y[:, 5:] = torch.randn(1, 3, 32) * 10
+    mask = causal_mask(8)
+    assert torch.allclose(mha(x, mask=mask)[:, :5], mha(y, mask=mask)[:, :5],
+                          atol=ATOL)
+    assert not torch.allclose(mha(x, mask=mask)[:, 5:],
+                              mha(y, mask=mask)[:, 5:], atol=ATOL)
+
+
+def test_weights_rows_sum_to_one_and_empty_rows_are_zero():
+    mha = MultiHeadAttention(16, 2)
+    x = torch.randn(1, 4, 16)
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[2] = False                                         # query 2: no key
+    out, w = mha(x, mask=mask, return_weights=True)
+    sums = w.sum(-1)
+    assert torch.allclose(sums[:, :, [0, 1, 3]], torch.ones(1, 2, 3))
+    assert torch.all(w[:, :, 2] == 0)
+    # The attention output of row 2 is zero, so only o_proj's bias remains.
+    assert torch.allclose(out[0, 2], mha.o_proj.bias, atol=ATOL)
+    assert not torch.isnan(out).any()
+
+
+def test_gradients_reach_every_projection():
+    mha = MultiHeadAttention(16, 4, n_kv_heads=2)
+    mha(torch.randn(2, 5, 16), mask=causal_mask(5)).square().sum().backward()
+    for name, p in mha.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+# -------------------------------------------------------------- bad input
+@pytest.mark.parametrize("args,kwargs,match", [
+    ((30, 4), {}, r"d_model must be divisible by n_heads, got d_model=30"),
+    ((32, 4), {"n_kv_heads": 3}, r"n_heads must be divisible by n_kv_heads"),
+    ((32, 0), {}, r"n_heads must be >= 1, got 0"),
+    ((32.0, 4), {}, r"d_model must be an int, got float"),
+    ((32, 4), {"n_kv_heads": 0}, r"n_kv_heads must be >= 1"),
+    ((32, True), {}, r"n_heads must be an int, got bool"),
+])
+def test_bad_constructor_arguments(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MultiHeadAttention(*args, **kwargs)
+
+
+def test_bad_forward_inputs():
+    mha = MultiHeadAttention(16, 2)
+    x = torch.randn(2, 5, 16)
+    with pytest.raises(ValueError, match=r"x must have shape .* got \(2, 5, 8\)"):
+        mha(torch.randn(2, 5, 8))
+    with pytest.raises(ValueError, match=r"x must have shape .* got \(5, 16\)"):
+        mha(torch.randn(5, 16))
+    with pytest.raises(ValueError, match=r"context must have shape \(B=2"):
+        mha(x, context=torch.randn(3, 4, 16))
+    with pytest.raises(ValueError, match=r"context must have shape .*got "
+                                         r"\(2, 4, 12\)"):
+        mha(x, context=torch.randn(2, 4, 12))
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        mha(x, mask=torch.ones(5, 5))
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 5\) does not "
+                                         r"broadcast to \(B, H, T, S\)"):
+        mha(x, mask=torch.ones(4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 1, 5\)"):
+        mha(x, mask=torch.ones(3, 1, 5, dtype=torch.bool))   # B = 3 != 2
+    with pytest.raises(ValueError, match=r"mask of shape \(5,\)"):
+        mha(x, mask=torch.ones(5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="return_weights=True needs"):
+        mha(x, return_weights=True, fused=True)
+    with pytest.raises(ValueError, match=r"x must have shape"):
+        mha.forward_loop(torch.randn(2, 5, 8))
+
+
+def test_bad_helper_arguments():
+    with pytest.raises(ValueError, match=r"n_rep must be >= 1, got 0"):
+        repeat_kv(torch.randn(1, 2, 3, 4), 0)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, G, S, d_k\)"):
+        repeat_kv(torch.randn(2, 3, 4), 2)
+    with pytest.raises(ValueError, match=r"n_heads must be divisible"):
+        mha_param_count(d_model=64, n_heads=8, n_kv_heads=3)
+    with pytest.raises(ValueError, match=r"n_heads=3, got \(2, 5, 8\)"):
+        split_heads(torch.randn(2, 5, 8), 3)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, H, T, d_k\)"):
+        merge_heads(torch.randn(2, 5, 8))
+
+
+def test_split_and_merge_heads_against_loop():
+    x = torch.randn(2, 5, 12)
+    s = split_heads(x, 3)
+    assert s.shape == (2, 3, 5, 4)
+    for b in range(2):
+        for h in range(3):
+            for t in range(5):
+                assert torch.equal(s[b, h, t], x[b, t, 4 * h:4 * h + 4])
+    assert torch.equal(merge_heads(s), x)
+    # the tempting x.view(B, H, T, d_k) is a different (wrong) split
+    assert not torch.equal(x.view(2, 3, 5, 4), s)
