@@ -1,0 +1,221 @@
+r"""Position-wise feed-forward networks and normalisation layers.
+
+Besides attention, every Transformer layer holds a *position-wise
+feed-forward network* (FFN): the same two-layer MLP applied to every token
+independently. The paper's FFN (Vaswani et al. 2017, eq. 2) is
+
+$$\mathrm{FFN}(x) = \max(0,\, xW_1 + b_1)\,W_2 + b_2, \qquad
+W_1 \in \mathbb{R}^{D \times d_{ff}},\; W_2 \in \mathbb{R}^{d_{ff} \times D},$$
+
+with $D = 512$, $d_{ff} = 2048$ in the base model. GPT-2 replaces ReLU by
+GELU; Llama uses the gated SwiGLU (Shazeer 2020),
+$\mathrm{down}(\mathrm{SiLU}(\mathrm{gate}(x)) \odot \mathrm{up}(x))$,
+which has three matrices instead of two.
+
+Normalisation: LayerNorm (Ba et al. 2016) centres and rescales each token
+vector, $\gamma \odot (x - \mu)/\sqrt{\sigma^2 + \epsilon} + \beta$;
+RMSNorm (Zhang & Sennrich 2019) skips the centring and the bias,
+$\gamma \odot x / \sqrt{\mathrm{mean}(x^2) + \epsilon}$.
+
+Shape letters: B batch, T sequence length, D = ``d_model``,
+F = ``d_ff`` (hidden width of the FFN); ... any leading dimensions.
+
+Introduced in chapter 6.
+"""
+from __future__ import annotations
+
+from numbers import Real
+
+import torch
+from torch import nn
+
+from .validation import check_int
+
+__all__ = ["FeedForward", "SwiGLU", "RMSNorm", "make_norm",
+           "ffn_param_count", "swiglu_param_count", "llama_hidden_dim"]
+
+_ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+# --------------------------------------------------------------- checks
+
+def _check_unit(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real) \
+            or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def _check_eps(eps) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps > 0:
+        raise ValueError(f"eps must be a number > 0, got {eps!r}")
+
+
+def _check_last(name: str, x, width: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 \
+            or x.shape[-1] != width:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else x
+        raise ValueError(f"{name} must have shape (..., {width}), got "
+                         f"{shape!r:.60}")
+
+
+# ------------------------------------------------------- parameter counts
+def ffn_param_count(*, d_model: int, d_ff: int, bias: bool = True) -> int:
+    r"""Parameters of :class:`FeedForward`: $2Dd_{ff} + [\text{bias}]
+    (d_{ff} + D)$; 2,099,712 for the paper's $D = 512$, $d_{ff} = 2048$.
+
+    Introduced in chapter 6.
+    """
+    check_int("d_model", d_model, minimum=1)
+    check_int("d_ff", d_ff, minimum=1)
+    return 2 * d_model * d_ff + (d_ff + d_model if bias else 0)
+
+
+def swiglu_param_count(*, d_model: int, d_hidden: int) -> int:
+    r"""Parameters of :class:`SwiGLU`: three bias-free matrices,
+    $3 D d_{ff}$.
+
+    Introduced in chapter 6.
+    """
+    check_int("d_model", d_model, minimum=1)
+    check_int("d_hidden", d_hidden, minimum=1)
+    return 3 * d_model * d_hidden
+
+
+def llama_hidden_dim(d_model: int, *, multiple_of: int = 256) -> int:
+    r"""SwiGLU hidden width with the parameters of a $4D$ ReLU FFN.
+
+    $3 D d_{ff} = 2 D (4D)$ gives $d_{ff} = \tfrac{8}{3} D$; Llama takes
+    ``int`` of that and rounds up to a multiple of ``multiple_of``
+    (hardware-friendly matrix shapes): $D = 4096 \to 11008$.
+
+    Introduced in chapter 6.
+    """
+    check_int("d_model", d_model, minimum=1)
+    check_int("multiple_of", multiple_of, minimum=1)
+    hidden = int(2 * (4 * d_model) / 3)                   # 8D/3, truncated
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+# ----------------------------------------------------------- the FFNs
+class FeedForward(nn.Module):
+    r"""Position-wise FFN: $\mathrm{act}(xW_1 + b_1)\,W_2 + b_2$.
+
+    The same weights act on every position; no information moves between
+    tokens here (that is attention's job). Submodule names ``linear1``,
+    ``linear2`` and ``dropout`` are those of
+    ``torch.nn.TransformerEncoderLayer``, so weights copy across by name.
+
+    Args:
+        d_model: model width $D$. d_ff: hidden width $d_{ff}$.
+        activation: ``"relu"`` (the paper) or ``"gelu"`` (GPT-2, BERT).
+        bias: biases $b_1$, $b_2$. dropout: on the hidden activations.
+
+    Introduced in chapter 6.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu",
+                 bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        check_int("d_model", d_model, minimum=1)
+        check_int("d_ff", d_ff, minimum=1)
+        _check_unit("dropout", dropout)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of "
+                             f"{sorted(_ACTIVATIONS)}, got {activation!r}")
+        self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)     # W_1, b_1
+        self.act = _ACTIVATIONS[activation]()
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)     # W_2, b_2
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D), each position independently."""
+        _check_last("x", x, self.d_model)
+        # FFN(x) = act(x W_1 + b_1) W_2 + b_2
+        h = self.act(self.linear1(x))                          # (..., F)
+        return self.linear2(self.dropout(h))                   # (..., D)
+
+
+class SwiGLU(nn.Module):
+    r"""Gated FFN of Llama: $(\mathrm{SiLU}(xW_g) \odot xW_u)\,W_d$.
+
+    $\mathrm{SiLU}(z) = z\,\sigma(z)$. The *gate* branch decides, per
+    hidden unit, how much of the *up* branch passes. Three $D \times
+    d_{ff}$ matrices and no biases: $3Dd_{ff}$ parameters. Names follow
+    the Llama checkpoints (``gate_proj``, ``up_proj``, ``down_proj``).
+
+    Args:
+        d_model: model width $D$. d_hidden: hidden width $d_{ff}$
+            (see :func:`llama_hidden_dim`).
+
+    Introduced in chapter 6.
+    """
+
+    def __init__(self, d_model: int, d_hidden: int) -> None:
+        super().__init__()
+        check_int("d_model", d_model, minimum=1)
+        check_int("d_hidden", d_hidden, minimum=1)
+        self.d_model, self.d_hidden = d_model, d_hidden
+        self.gate_proj = nn.Linear(d_model, d_hidden, bias=False)  # W_g
+        self.up_proj = nn.Linear(d_model, d_hidden, bias=False)    # W_u
+        self.down_proj = nn.Linear(d_hidden, d_model, bias=False)  # W_d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D), each position independently."""
+        _check_last("x", x, self.d_model)
+        gate = nn.functional.silu(self.gate_proj(x))           # (..., F)
+        # SwiGLU(x) = (SiLU(x W_g) * x W_u) W_d
+        return self.down_proj(gate * self.up_proj(x))          # (..., D)
+
+
+# ------------------------------------------------------- normalisation
+class RMSNorm(nn.Module):
+    r"""Root-mean-square normalisation, $\gamma \odot x /
+    \sqrt{\frac1D \sum_i x_i^2 + \epsilon}$.
+
+    LayerNorm without the mean subtraction and without $\beta$: one
+    reduction instead of two, $D$ parameters instead of $2D$. On a
+    zero-mean vector it equals LayerNorm with $\beta = 0$. Same result
+    as ``torch.nn.RMSNorm(d, eps=eps)``; the statistic is computed in
+    float32 at least, as Llama does, so half-precision inputs are safe.
+
+    Args:
+        d: feature width $D$. eps: $\epsilon$ inside the square root.
+
+    Introduced in chapter 6.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        check_int("d", d, minimum=1)
+        _check_eps(eps)
+        self.d, self.eps = d, eps
+        self.weight = nn.Parameter(torch.ones(d))              # gamma
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D)."""
+        _check_last("x", x, self.d)
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        # x / sqrt(mean(x^2) + eps)
+        inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * inv_rms).to(x.dtype) * self.weight        # (..., D)
+
+
+def make_norm(kind: str, d: int, *, eps: float | None = None,
+              bias: bool = True) -> nn.Module:
+    r"""``"layer"`` -> ``nn.LayerNorm`` (eps $10^{-5}$, bias optional),
+    ``"rms"`` -> :class:`RMSNorm` (eps $10^{-6}$, never a bias).
+
+    Introduced in chapter 6.
+    """
+    if kind == "layer":
+        return nn.LayerNorm(d, eps=1e-5 if eps is None else eps, bias=bias)
+    if kind == "rms":
+        return RMSNorm(d, eps=1e-6 if eps is None else eps)
+    raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")

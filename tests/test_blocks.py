@@ -1,0 +1,198 @@
+"""Tests for course_lib.blocks (chapter 6).
+
+References: torch.nn.TransformerEncoderLayer / TransformerDecoderLayer
+(post-norm, ReLU, batch_first) with copied weights in eval mode; the
+pre-norm block written out by hand; a RoPE attention written out with
+course_lib.positional.apply_rope and complex-number arithmetic; the
+relative-position property of RoPE; causality.
+"""
+import pytest
+import torch
+from torch import nn
+
+from course_lib.attention import causal_mask, padding_mask
+from course_lib.blocks import (DecoderBlock, DecoderLayer, EncoderLayer,
+                               RoPEAttention)
+from course_lib.layers import FeedForward, RMSNorm, SwiGLU
+from course_lib.mha import MultiHeadAttention
+
+ATOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+def copy_mha(ref: nn.MultiheadAttention, mha: MultiHeadAttention) -> None:
+    """torch's packed in_proj -> our q/k/v_proj; out_proj -> o_proj."""
+    with torch.no_grad():
+        for proj, w, b in zip((mha.q_proj, mha.k_proj, mha.v_proj),
+                              ref.in_proj_weight.chunk(3),
+                              ref.in_proj_bias.chunk(3)):
+            proj.weight.copy_(w)
+            proj.bias.copy_(b)
+        mha.o_proj.weight.copy_(ref.out_proj.weight)
+        mha.o_proj.bias.copy_(ref.out_proj.bias)
+
+
+def copy_common(ref, ours, n_norms):
+    copy_mha(ref.self_attn, ours.self_attn)
+    with torch.no_grad():
+        for name in ("linear1", "linear2"):
+            getattr(ours.ffn, name).load_state_dict(
+                getattr(ref, name).state_dict())
+        for i in range(1, n_norms + 1):
+            getattr(ours, f"norm{i}").load_state_dict(
+                getattr(ref, f"norm{i}").state_dict())
+            # non-trivial affine parameters, so a swapped norm would show
+            getattr(ours, f"norm{i}").weight.mul_(1.5)
+            getattr(ref, f"norm{i}").weight.mul_(1.5)
+            getattr(ours, f"norm{i}").bias.add_(0.1 * i)
+            getattr(ref, f"norm{i}").bias.add_(0.1 * i)
+
+
+def test_encoder_layer_matches_torch():
+    ref = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1,
+                                     batch_first=True).eval()
+    ours = EncoderLayer(32, 4, 64).eval()
+    copy_common(ref, ours, 2)
+    x = torch.randn(3, 7, 32)
+    keep = padding_mask([7, 5, 2], 7)                       # (B, 1, S)
+    with torch.no_grad():
+        expected = ref(x, src_key_padding_mask=~keep[:, 0])  # True = ignore
+        got = ours(x, mask=keep)
+        assert torch.allclose(ours(x), ref(x), atol=ATOL)
+    # torch's fast path leaves padded rows as zeros; compare real rows
+    for b, n in enumerate([7, 5, 2]):
+        assert torch.allclose(got[b, :n], expected[b, :n], atol=ATOL)
+
+
+def test_decoder_layer_matches_torch():
+    ref = nn.TransformerDecoderLayer(32, 4, 64, dropout=0.1,
+                                     batch_first=True).eval()
+    ours = DecoderLayer(32, 4, 64).eval()
+    copy_common(ref, ours, 3)
+    copy_mha(ref.multihead_attn, ours.cross_attn)
+    x, memory = torch.randn(2, 6, 32), torch.randn(2, 9, 32)
+    keep = padding_mask([9, 4], 9)
+    with torch.no_grad():
+        expected = ref(x, memory, tgt_mask=~causal_mask(6),
+                       memory_key_padding_mask=~keep[:, 0])
+        got, w = ours(x, memory, causal_mask(6), keep, return_weights=True)
+    assert torch.allclose(got, expected, atol=ATOL)
+    assert w.shape == (2, 4, 6, 9)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 4, 6), atol=ATOL)
+    assert w[1, :, :, 4:].abs().max() == 0          # padded source keys
+
+
+def test_decoder_layer_is_causal_in_target():
+    layer = DecoderLayer(16, 2, 32).eval()
+    x, memory = torch.randn(1, 6, 16), torch.randn(1, 5, 16)
+    out = layer(x, memory, causal_mask(6))
+    x2 = x.clone()
+    x2[:, 4:] = torch.randn(1, 2, 16)
+    out2 = layer(x2, memory, causal_mask(6))
+    assert torch.allclose(out[:, :4], out2[:, :4], atol=1e-6)
+    assert not torch.allclose(out[:, 4:], out2[:, 4:], atol=1e-3)
+
+
+def test_dropout_active_in_training_only():
+    layer = EncoderLayer(16, 2, 32, dropout=0.5)
+    x = torch.randn(2, 4, 16)
+    assert not torch.equal(layer(x), layer(x))
+    layer.eval()
+    assert torch.equal(layer(x), layer(x))
+
+
+# ---------------------------------------------------------- DecoderBlock
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_decoder_block_is_pre_norm(norm):
+    attn, ffn = MultiHeadAttention(16, 4), SwiGLU(16, 40)
+    block = DecoderBlock(16, attention=attn, ffn=ffn, norm=norm).eval()
+    x = torch.randn(2, 5, 16)
+    mask = causal_mask(5)
+    h = x + attn(block.norm1(x), mask=mask)
+    expected = h + ffn(block.norm2(h))
+    assert torch.allclose(block(x, mask=mask), expected, atol=1e-6)
+    assert isinstance(block.norm1, RMSNorm if norm == "rms" else nn.LayerNorm)
+
+
+def test_decoder_block_passes_aux_through():
+    class AuxFFN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = FeedForward(16, 32)
+
+        def forward(self, h):
+            return self.inner(h), h.pow(2).mean()
+
+    block = DecoderBlock(16, attention=MultiHeadAttention(16, 2),
+                         ffn=AuxFFN())
+    out = block(torch.randn(2, 3, 16))
+    assert isinstance(out, tuple) and out[0].shape == (2, 3, 16)
+    assert out[1].dim() == 0 and out[1] > 0
+
+
+def test_decoder_block_zero_sublayers_is_identity():
+    attn, ffn = MultiHeadAttention(8, 2), FeedForward(8, 16)
+    for lin in (attn.o_proj, ffn.linear2):
+        nn.init.zeros_(lin.weight)
+        nn.init.zeros_(lin.bias)
+    block = DecoderBlock(8, attention=attn, ffn=ffn, norm="layer")
+    x = torch.randn(2, 3, 8)
+    assert torch.equal(block(x), x)
+
+
+# ----------------------------------------------------------- RoPEAttention
+def test_rope_attention_matches_complex_reference():
+    attn = RoPEAttention(16, 2, n_kv_heads=1)
+    x = torch.randn(1, 5, 16)
+    T, d = 5, attn.head_dim
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    rot = torch.polar(torch.ones(T, d // 2, dtype=torch.float64),
+                      torch.arange(T)[:, None] * theta)      # e^{i m theta}
+
+    def rope(z):  # halves pairing: feature i with i + d/2
+        zc = torch.complex(z[..., : d // 2].double(), z[..., d // 2:].double())
+        zc = zc * rot
+        return torch.cat([zc.real, zc.imag], -1).float()
+
+    q = attn.q_proj(x).view(1, T, 2, d).transpose(1, 2)
+    k = attn.k_proj(x).view(1, T, 1, d).transpose(1, 2)
+    v = attn.v_proj(x).view(1, T, 1, d).transpose(1, 2)
+    s = rope(q) @ rope(k).transpose(-1, -2) / d ** 0.5
+    s = s.masked_fill(~causal_mask(T), float("-inf"))
+    heads = torch.softmax(s, -1) @ v                         # (1, 2, T, d)
+    expected = attn.o_proj(heads.transpose(1, 2).reshape(1, T, 16))
+    assert torch.allclose(attn(x, mask=causal_mask(T)), expected, atol=1e-5)
+
+
+def test_rope_attention_is_shift_invariant():
+    attn = RoPEAttention(16, 4)
+    x = torch.randn(2, 6, 16)
+    mask = causal_mask(6)
+    a = attn(x, mask=mask)
+    b = attn(x, mask=mask, positions=torch.arange(6) + 37)
+    assert torch.allclose(a, b, atol=1e-4)
+    # without positions it would be permutation-equivariant; with RoPE not
+    perm = torch.tensor([1, 0, 2, 3, 4, 5])
+    c = attn(x[:, perm])[:, perm]
+    assert not torch.allclose(attn(x), c, atol=1e-3)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="attention must be an nn.Module"):
+        DecoderBlock(8, attention=lambda h, mask=None: h,
+                     ffn=FeedForward(8, 16))
+    with pytest.raises(ValueError, match="norm must be 'layer' or 'rms'"):
+        DecoderBlock(8, attention=MultiHeadAttention(8, 2),
+                     ffn=FeedForward(8, 16), norm="batch")
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        RoPEAttention(6, 2)
+    with pytest.raises(ValueError, match="d_model must be divisible"):
+        EncoderLayer(10, 4, 16)
+    with pytest.raises(ValueError, match=r"x must have shape"):
+        EncoderLayer(8, 2, 16)(torch.randn(2, 3, 9))
+    with pytest.raises(ValueError, match=r"context must have shape"):
+        DecoderLayer(8, 2, 16)(torch.randn(2, 3, 8), torch.randn(3, 4, 8))

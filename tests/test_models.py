@@ -1,0 +1,253 @@
+"""Tests for course_lib.models (chapter 6).
+
+References: parameter counts in closed form, by building the model, and
+against the published 124,439,808 of GPT-2 small (the count of the Hugging
+Face checkpoint); torch.nn.TransformerEncoder/Decoder layers stacked by hand
+with copied weights; causality (future tokens never change earlier
+logits); storage sharing of tied weights; greedy decoding against a
+step-by-step argmax loop.
+"""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.attention import causal_mask, padding_mask
+from course_lib.models import (DecoderLM, DecoderLMConfig, Transformer,
+                               TransformerConfig, count_parameters,
+                               decoder_lm_param_count, greedy_decode,
+                               transformer_param_count)
+from course_lib.positional import sinusoidal_encoding
+from test_blocks import copy_common, copy_mha
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+def tiny_transformer(**kw):
+    cfg = dict(src_vocab_size=30, tgt_vocab_size=30, d_model=32, n_heads=4,
+               d_ff=64, n_layers=2, max_len=40)
+    return Transformer(TransformerConfig(**{**cfg, **kw}))
+
+
+# ------------------------------------------------------ parameter counts
+def test_gpt2_small_has_124439808_parameters():
+    cfg = DecoderLMConfig.gpt2_small()
+    assert decoder_lm_param_count(cfg) == 124_439_808
+    with torch.device("meta"):                   # no memory, no init cost
+        model = DecoderLM(cfg)
+    assert count_parameters(model) == 124_439_808
+
+
+def test_base_transformer_count():
+    cfg = TransformerConfig()
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    n = count_parameters(model)
+    assert n == transformer_param_count(cfg) == 63_082_496
+    assert abs(n - 65e6) / 65e6 < 0.04           # the paper's "65M"
+    untied = TransformerConfig(share_src_tgt_embeddings=False,
+                               tie_embeddings=False)
+    assert transformer_param_count(untied) - n == 2 * 37000 * 512
+
+
+@pytest.mark.parametrize("kw", [
+    dict(), dict(positions="learned", norm="layer", ffn="gelu", bias=True),
+    dict(n_kv_heads=2, tie_embeddings=False, ffn="relu"),
+    dict(norm="layer", bias=False, d_ff=100)])
+def test_decoder_lm_count_formula(kw):
+    cfg = DecoderLMConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2,
+                          max_len=16, **kw)
+    assert count_parameters(DecoderLM(cfg)) == decoder_lm_param_count(cfg)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(tie_embeddings=False),
+                                dict(share_src_tgt_embeddings=False)])
+def test_transformer_count_formula(kw):
+    cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=30,
+                            d_model=32, n_heads=4, d_ff=64, n_layers=2,
+                            max_len=40, **kw)
+    assert count_parameters(Transformer(cfg)) == transformer_param_count(cfg)
+
+
+def test_swiglu_default_width():
+    cfg = DecoderLMConfig(vocab_size=10, d_model=96)
+    assert cfg.d_ff == 256                       # int(8*96/3) = 256
+    assert DecoderLMConfig(vocab_size=10, d_model=96, ffn="gelu").d_ff == 384
+
+
+# ------------------------------------------------------------- tying
+def test_weight_tying_shares_storage():
+    lm = DecoderLM(DecoderLMConfig(vocab_size=40))
+    assert lm.lm_head.weight is lm.embed_tokens.weight
+    assert lm.lm_head.weight.data_ptr() == lm.embed_tokens.weight.data_ptr()
+    untied = DecoderLM(DecoderLMConfig(vocab_size=40, tie_embeddings=False))
+    assert untied.lm_head.weight.data_ptr() != \
+        untied.embed_tokens.weight.data_ptr()
+    tr = tiny_transformer()
+    assert tr.out_proj.weight is tr.tgt_embed.weight is tr.src_embed.weight
+    tr2 = tiny_transformer(share_src_tgt_embeddings=False)
+    assert tr2.src_embed is not tr2.tgt_embed
+    assert tr2.out_proj.weight is tr2.tgt_embed.weight
+
+
+def test_tied_gradients_accumulate_in_one_tensor():
+    lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
+    lm(torch.randint(20, (2, 5))).sum().backward()
+    # gradient from both uses lands in the single shared tensor
+    g = lm.embed_tokens.weight.grad
+    assert g is not None and g.abs().sum() > 0
+    assert len([p for p in lm.parameters() if p.shape == (20, 128)]) == 1
+
+
+# ------------------------------------------------------------- DecoderLM
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_decoder_lm_is_causal(positions):
+    lm = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
+                                   n_layers=2, positions=positions)).eval()
+    idx = torch.randint(30, (2, 10))
+    logits = lm(idx)
+    assert logits.shape == (2, 10, 30)
+    idx2 = idx.clone()
+    idx2[:, 6:] = torch.randint(30, (2, 4))
+    logits2 = lm(idx2)
+    assert torch.allclose(logits[:, :6], logits2[:, :6], atol=1e-5)
+    assert not torch.allclose(logits[:, 6:], logits2[:, 6:], atol=1e-3)
+
+
+def test_decoder_lm_positions_hook():
+    # learned positions: other positions, other logits
+    lm = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
+                                   n_layers=1, positions="learned")).eval()
+    idx = torch.randint(30, (1, 4))
+    a = lm(idx)
+    b = lm(idx, positions=torch.arange(4) + 3)
+    assert not torch.allclose(a, b, atol=1e-4)
+    # RoPE: a global shift of all positions changes nothing (relative)
+    rope = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
+                                     n_layers=2)).eval()
+    assert torch.allclose(rope(idx), rope(idx, torch.arange(4) + 9),
+                          atol=1e-4)
+
+
+def test_decoder_lm_init_gives_uniformish_predictions():
+    cfg = DecoderLMConfig(vocab_size=64)
+    lm = DecoderLM(cfg).eval()
+    idx, target = torch.randint(64, (2, 4, 32))
+    loss = nn.functional.cross_entropy(lm(idx).flatten(0, 1),
+                                       target.flatten())
+    assert abs(loss.item() - math.log(64)) < 0.3
+    # with tying, the logit of the INPUT token stands out at init:
+    # lm_head(norm(E[x])) . E[x] ~ |E[x]| sqrt(D) while others ~ 0
+    copy = nn.functional.cross_entropy(lm(idx).flatten(0, 1), idx.flatten())
+    assert copy < loss - 1
+
+
+def test_decoder_lm_return_aux_none_for_dense():
+    lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
+    logits, aux = lm(torch.randint(20, (1, 3)), return_aux=True)
+    assert logits.shape == (1, 3, 20) and aux is None
+
+
+# ------------------------------------------------------------ Transformer
+def test_transformer_matches_torch_layers():
+    tr = tiny_transformer().eval()
+    c = tr.config
+    enc = [nn.TransformerEncoderLayer(32, 4, 64, batch_first=True).eval()
+           for _ in range(2)]
+    dec = [nn.TransformerDecoderLayer(32, 4, 64, batch_first=True).eval()
+           for _ in range(2)]
+    for ref, ours in zip(enc, tr.encoder_layers):
+        copy_common(ref, ours, 2)
+    for ref, ours in zip(dec, tr.decoder_layers):
+        copy_common(ref, ours, 3)
+        copy_mha(ref.multihead_attn, ours.cross_attn)
+    src, tgt = torch.randint(30, (2, 7)), torch.randint(30, (2, 5))
+    with torch.no_grad():
+        E = tr.src_embed.weight
+        pe = sinusoidal_encoding(40, 32).float()
+        h = E[src] * math.sqrt(32) + pe[:7]
+        for layer in enc:
+            h = layer(h)
+        y = E[tgt] * math.sqrt(32) + pe[:5]
+        for layer in dec:
+            y = layer(y, h, tgt_mask=~causal_mask(5))
+        expected = y @ E.T
+        assert torch.allclose(tr(src, tgt), expected, atol=1e-4)
+    assert c.d_model == 32
+
+
+def test_transformer_padding_does_not_leak():
+    tr = tiny_transformer().eval()
+    src = torch.randint(3, 30, (1, 6))
+    tgt = torch.randint(3, 30, (1, 4))
+    alone = tr(src[:, :4], tgt)
+    padded = torch.cat([src[:, :4], torch.zeros(1, 2, dtype=torch.long)], 1)
+    assert torch.allclose(tr(padded, tgt, src_lengths=[4]), alone, atol=1e-5)
+    logits, w = tr(padded, tgt, src_lengths=[4], return_weights=True)
+    assert len(w) == 2 and w[0].shape == (1, 4, 4, 6)
+    assert w[0][..., 4:].abs().max() == 0
+
+
+def test_transformer_target_is_causal():
+    tr = tiny_transformer().eval()
+    src, tgt = torch.randint(30, (2, 7)), torch.randint(30, (2, 6))
+    tgt2 = tgt.clone()
+    tgt2[:, 3:] = torch.randint(30, (2, 3))
+    a, b = tr(src, tgt), tr(src, tgt2)
+    assert torch.allclose(a[:, :3], b[:, :3], atol=1e-5)
+
+
+def test_greedy_decode_matches_argmax_loop():
+    tr = tiny_transformer().train()
+    src = torch.randint(3, 30, (3, 6))
+    out = greedy_decode(tr, src, max_len=5, bos_id=1, eos_id=2)
+    assert tr.training                           # mode restored
+    assert out.shape[0] == 3 and 2 <= out.shape[1] <= 6
+    assert (out[:, 0] == 1).all()
+    tr.eval()
+    with torch.no_grad():
+        for b in range(3):
+            ys = torch.tensor([[1]])
+            for _ in range(out.shape[1] - 1):
+                nxt = tr(src[b:b + 1], ys)[0, -1].argmax()
+                if ys[0, -1] == 2 and ys.shape[1] > 1:
+                    nxt = torch.tensor(2)
+                ys = torch.cat([ys, nxt.view(1, 1)], 1)
+            assert torch.equal(ys[0], out[b])
+
+
+def test_greedy_decode_stops_at_eos():
+    tr = tiny_transformer().eval()
+    with torch.no_grad():                        # make EOS always win
+        tr.out_proj.weight.zero_()
+    tr.config.tie_embeddings = True
+    src = torch.randint(30, (2, 4))
+    # all logits equal: argmax is id 0; use eos_id=0 to stop at once
+    out = greedy_decode(tr, src, max_len=8, bos_id=1, eos_id=0)
+    assert out.tolist() == [[1, 0], [1, 0]]
+
+
+# ------------------------------------------------------------- bad input
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="positions must be one of"):
+        DecoderLMConfig(vocab_size=10, positions="alibi")
+    with pytest.raises(ValueError, match="ffn must be one of"):
+        DecoderLMConfig(vocab_size=10, ffn="moe")
+    with pytest.raises(ValueError, match="share_src_tgt_embeddings needs"):
+        Transformer(TransformerConfig(src_vocab_size=10, tgt_vocab_size=12))
+    lm = DecoderLM(DecoderLMConfig(vocab_size=10, max_len=8, n_layers=1))
+    with pytest.raises(ValueError, match=r"idx must hold ids in \[0, 10\)"):
+        lm(torch.tensor([[3, 10]]))
+    with pytest.raises(ValueError, match="more than max_len=8"):
+        lm(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="idx must be an int64 tensor"):
+        lm(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="max_len must be >= 1"):
+        greedy_decode(tiny_transformer(), torch.zeros(1, 3, dtype=torch.long),
+                      max_len=0, bos_id=1, eos_id=2)
+    with pytest.raises(ValueError, match="src must be an int64 tensor"):
+        tiny_transformer().encode(torch.zeros(3, dtype=torch.long))
