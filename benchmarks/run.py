@@ -80,10 +80,7 @@ def page_weight_rows(site: Path) -> list[str]:
 
 def rnn_vs_attention_rows() -> list[str]:
     """Chapter 1: sequential RNN steps vs one attention computation."""
-    try:
-        from course_lib.rnn import time_recurrence_vs_attention
-    except ImportError:
-        return []
+    from course_lib.rnn import time_recurrence_vs_attention
     rows = ["", "## Chapter 1: sequential recurrence vs one attention "
             "computation", "",
             "| length T | RNN (s) | attention (s) | RNN / attention |",
@@ -93,6 +90,23 @@ def rnn_vs_attention_rows() -> list[str]:
         rows.append(f"| {r.length} | {r.rnn_seconds:.5f} | "
                     f"{r.attention_seconds:.5f} | "
                     f"{r.rnn_seconds / r.attention_seconds:.1f} |")
+    return rows
+
+
+def attention_rows() -> list[str]:
+    """Chapter 3: explicit attention vs torch's fused kernel, and A's bytes."""
+    from course_lib.attention import time_attention
+    rows = ["", "## Chapter 3: explicit vs fused attention (CPU, B=1, H=8, "
+            "d_k=64, one run)", "",
+            "Budget from the issue: the explicit path within 3x of the fused "
+            "one at L = 512.", "",
+            "| length L | explicit (s) | fused (s) | explicit / fused | "
+            "bytes of the L x L weights |",
+            "|---:|---:|---:|---:|---:|"]
+    for r in time_attention([128, 512, 2048], repeats=3):
+        rows.append(f"| {r.length} | {r.explicit_seconds:.5f} | "
+                    f"{r.fused_seconds:.5f} | {r.ratio:.2f} | "
+                    f"{r.weights_bytes:,} |")
     return rows
 
 
@@ -124,6 +138,7 @@ def main() -> int:
               f"{build:.1f} | {'yes' if build <= BUILD_BUDGET_S else 'NO'} |"]
     lines += weight_rows
     lines += rnn_vs_attention_rows()
+    lines += attention_rows()
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
     return 0 if ok else 1

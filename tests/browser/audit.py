@@ -19,7 +19,7 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from urllib.parse import urldefrag, urljoin, urlparse
+from urllib.parse import urldefrag, urlparse
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu",
                  "--disable-background-networking",
