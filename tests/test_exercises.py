@@ -319,3 +319,14 @@ def test_mime_bundle_has_widget_and_html(monkeypatch):
     # On Colab only the widget: the HTML copy would compete with it.
     monkeypatch.setenv("COURSE_SIMULATE_COLAB", "1")
     assert "text/html" not in numeric()._repr_mimebundle_()
+
+
+def test_compare_values_ignores_matching_infinities():
+    # Filtered logits hold -inf; a mismatch must be reported where the
+    # values really differ, not at a position where both are -inf.
+    inf = float("inf")
+    expected = torch.tensor([1.0, -inf, 0.5, -inf])
+    got = torch.tensor([1.0, -inf, -inf, -inf])
+    assert compare_values(expected, got) == \
+        "values differ: at index (2,) expected 0.5, got -inf"
+    assert compare_values(expected, expected.clone()) is None
