@@ -111,7 +111,9 @@ class Transformer(nn.Module):
         for p in self.parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
-        for emb in {self.src_embed, self.tgt_embed}:
+        # dict.fromkeys: each table once (they may be shared), in a fixed
+        # order, so that a seeded model is reproducible.
+        for emb in dict.fromkeys([self.src_embed, self.tgt_embed]):
             nn.init.normal_(emb.weight, std=c.d_model ** -0.5)
         if c.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight      # (V, D) shared

@@ -251,3 +251,15 @@ def test_bad_inputs():
                       max_len=0, bos_id=1, eos_id=2)
     with pytest.raises(ValueError, match="src must be an int64 tensor"):
         tiny_transformer().encode(torch.zeros(3, dtype=torch.long))
+
+
+def test_transformer_init_is_reproducible_with_separate_embeddings():
+    cfg = TransformerConfig(src_vocab_size=11, tgt_vocab_size=13, d_model=16,
+                            n_heads=2, d_ff=32, n_layers=1, max_len=8,
+                            share_src_tgt_embeddings=False)
+    states = []
+    for _ in range(4):
+        torch.manual_seed(0)
+        states.append(Transformer(cfg).state_dict())
+    for state in states[1:]:
+        assert all(torch.equal(state[k], states[0][k]) for k in state)
