@@ -1,0 +1,272 @@
+"""Tests for course_lib.training: schedule, optimizer, loop, checkpoints."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib import data as D
+from course_lib import training as T
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+class Bigram(nn.Module):
+    """The smallest next-token model: a table of logits per token."""
+
+    def __init__(self, V=8, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(V, d)
+        self.norm = nn.LayerNorm(d)
+        self.out = nn.Linear(d, V)
+
+    def forward(self, idx):
+        return self.out(self.norm(self.emb(idx)))         # (B, T, V)
+
+
+def _source():
+    return D.random_markov_source(vocab_size=8, order=1, branching=3, seed=0)
+
+
+# --------------------------------------------------------------- schedule
+def test_warmup_values():
+    f = [T.lr_multiplier(s, warmup_steps=4, total_steps=10) for s in range(10)]
+    assert f == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert T.lr_multiplier(0, warmup_steps=0, total_steps=5) == 1.0
+
+
+def test_cosine_values():
+    def cos(s):
+        return T.lr_multiplier(s, warmup_steps=2, total_steps=12,
+                               schedule="cosine")
+    assert cos(0) == 0.5 and cos(1) == 1.0 and cos(2) == 1.0
+    # half way through the decay: (1 + cos(pi/2)) / 2 = 1/2
+    assert math.isclose(cos(7), 0.5, abs_tol=1e-12)
+    assert math.isclose(cos(12), 0.0, abs_tol=1e-12)
+    values = [cos(s) for s in range(2, 13)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_schedule_bad_inputs():
+    with pytest.raises(ValueError, match="schedule must be"):
+        T.lr_multiplier(0, warmup_steps=1, total_steps=2, schedule="linear")
+    with pytest.raises(ValueError, match="total_steps must be >= 5, got 3"):
+        T.lr_multiplier(0, warmup_steps=5, total_steps=3)
+    with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+        T.lr_multiplier(-1, warmup_steps=0, total_steps=3)
+
+
+def test_train_applies_the_schedule():
+    model = Bigram()
+    batches = D.lm_batches(_source(), batch_size=4, length=8)
+    hist = T.train(model, batches, steps=6, lr=0.01, warmup_steps=3,
+                   schedule="cosine", progress=False)
+    expected = [0.01 * T.lr_multiplier(s, warmup_steps=3, total_steps=6,
+                                       schedule="cosine") for s in range(6)]
+    assert hist.lr == pytest.approx(expected, rel=1e-12)
+    assert hist.step == list(range(6))
+
+
+# -------------------------------------------------------------- optimizer
+def test_weight_decay_only_on_matrices():
+    model = Bigram()
+    opt = T.make_optimizer(model, lr=1e-3, weight_decay=0.1)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert {id(p) for p in decay["params"]} == \
+        {id(model.emb.weight), id(model.out.weight)}
+    assert len(no_decay["params"]) == 3     # norm weight/bias, out bias
+    with pytest.raises(ValueError, match="lr must be > 0, got 0"):
+        T.make_optimizer(model, lr=0.0)
+    with pytest.raises(ValueError, match="weight_decay must be >= 0"):
+        T.make_optimizer(model, lr=1e-3, weight_decay=-1.0)
+
+
+def test_one_step_matches_adamw_formula():
+    """First AdamW step: m_hat = g, v_hat = g^2, so the update is
+    -lr * (g / (|g| + eps) + wd * w) for a decayed matrix."""
+    model = Bigram()
+    batch = next(D.lm_batches(_source(), batch_size=4, length=8))
+    w0 = model.out.weight.detach().clone()
+    loss = T.next_token_loss(model, batch)
+    g = torch.autograd.grad(loss, model.out.weight)[0]
+    lr, wd = 0.01, 0.1
+    T.train(model, iter([batch]), steps=1, lr=lr, weight_decay=wd,
+            clip_norm=None, progress=False)
+    expected = w0 - lr * (g / (g.abs() + 1e-9) + wd * w0)
+    assert torch.allclose(model.out.weight, expected, atol=1e-6)
+
+
+# ------------------------------------------------------------------- loop
+def test_loss_decreases_to_near_the_entropy_floor():
+    src = _source()
+    model = Bigram()
+    val = next(D.lm_batches(src, batch_size=64, length=32, seed=99))
+    hist = T.train(model, D.lm_batches(src, batch_size=16, length=32),
+                   steps=150, lr=0.03, warmup_steps=10,
+                   eval_fn=lambda m: T.next_token_loss(m, val).item(),
+                   eval_every=50, progress=False)
+    assert hist.val_step == [50, 100, 150]
+    assert hist.val_loss[-1] < hist.val_loss[0] < math.log(8)
+    assert sum(hist.loss[-10:]) / 10 < sum(hist.loss[:10]) / 10 - 0.5
+    # a bigram table is the right model for an order-1 chain
+    assert hist.val_loss[-1] < D.entropy_rate(src) + 0.1
+    assert hist.tokens == 150 * 16 * 32
+    assert model.training                      # eval did not leave it off
+
+
+def test_clipping_bounds_the_gradient_norm():
+    model = Bigram()
+    batch = next(D.lm_batches(_source(), batch_size=4, length=8))
+    seen = []
+
+    def loss_fn(m, b):
+        return 1000.0 * T.next_token_loss(m, b)   # a huge gradient
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            grads = [p.grad for g in self.param_groups for p in g["params"]]
+            seen.append(torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+            return super().step(closure)
+
+    opt = Spy(model.parameters(), lr=1e-3)
+    hist = T.train(model, iter([batch] * 3), steps=3, lr=1e-3, clip_norm=0.5,
+                   loss_fn=loss_fn, optimizer=opt, progress=False)
+    assert all(n > 10 for n in hist.grad_norm)          # recorded pre-clip
+    assert all(abs(n.item() - 0.5) < 1e-4 for n in seen)  # applied post-clip
+
+
+def test_same_seed_same_run_and_dropout_uses_the_seed():
+    def run(seed):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(8, 16), nn.Dropout(0.5),
+                              nn.Linear(16, 8))
+        hist = T.train(model, D.lm_batches(_source(), batch_size=4,
+                                           length=8),
+                       steps=5, lr=1e-2, seed=seed, progress=False)
+        return hist.loss
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_train_bad_inputs():
+    model = Bigram()
+    batches = D.lm_batches(_source(), batch_size=2, length=4)
+    with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
+        T.train(model, batches, steps=0, lr=1e-3)
+    with pytest.raises(ValueError, match="clip_norm must be > 0"):
+        T.train(model, batches, steps=1, lr=1e-3, clip_norm=0.0)
+    with pytest.raises(ValueError, match="schedule must be"):
+        T.train(model, batches, steps=1, lr=1e-3, schedule="step")
+
+
+# ------------------------------------------------------------ checkpoints
+def test_checkpoint_round_trip_identical_outputs_and_resume(tmp_path):
+    src = _source()
+    batches = [next(D.lm_batches(src, batch_size=4, length=8, seed=s))
+               for s in range(10)]
+    x = batches[0][0]
+
+    torch.manual_seed(0)
+    model = Bigram()
+    opt = T.make_optimizer(model, lr=1e-2, weight_decay=0.1)
+    T.train(model, batches[:5], steps=5, lr=1e-2, optimizer=opt,
+            progress=False)
+    path = tmp_path / "ckpt.pt"
+    T.save_checkpoint(path, model, opt, 5, note="half way")
+
+    torch.manual_seed(1)
+    clone = Bigram()                               # different init
+    assert not torch.equal(clone(x), model(x))
+    opt2 = T.make_optimizer(clone, lr=1e-2, weight_decay=0.1)
+    meta = T.load_checkpoint(path, clone, opt2)
+    assert meta == {"step": 5, "note": "half way"}
+    assert torch.equal(clone(x), model(x))         # identical outputs
+
+    # resuming gives bit-identical parameters to the uninterrupted run
+    T.train(model, batches[5:], steps=5, lr=1e-2, optimizer=opt,
+            start_step=5, progress=False)
+    T.train(clone, batches[5:], steps=5, lr=1e-2, optimizer=opt2,
+            start_step=5, progress=False)
+    for a, b in zip(model.parameters(), clone.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_checkpoint_bad_inputs(tmp_path):
+    model = Bigram()
+    with pytest.raises(ValueError, match="existing checkpoint file"):
+        T.load_checkpoint(tmp_path / "missing.pt", model)
+    T.save_checkpoint(tmp_path / "m.pt", model, None, 0)
+    opt = T.make_optimizer(model, lr=1e-3)
+    with pytest.raises(ValueError, match="holds no optimizer state"):
+        T.load_checkpoint(tmp_path / "m.pt", model, opt)
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        T.save_checkpoint(tmp_path / "n.pt", model, None, -1)
+
+
+# ------------------------------------------------------ chapter-7 recipes
+def test_seq2seq_loss_ignores_padding():
+    from course_lib.models import Transformer, TransformerConfig
+    task = D.make_translation_task()
+    model = Transformer(TransformerConfig(
+        src_vocab_size=19, tgt_vocab_size=19, d_model=16, n_heads=2,
+        d_ff=32, n_layers=1, dropout=0.0, max_len=16,
+        share_src_tgt_embeddings=False)).eval()
+    src, tgt_in, tgt_out = D.collate_translation(task, task.train[:8])
+    loss = T.seq2seq_loss(model, (src, tgt_in, tgt_out))
+    logits = model(src, tgt_in, src_lengths=(src != D.PAD).sum(1).tolist())
+    keep = tgt_out != D.IGNORE
+    manual = -logits.log_softmax(-1).gather(
+        -1, tgt_out.clamp(min=0)[..., None])[..., 0][keep].mean()
+    assert torch.allclose(loss, manual, atol=1e-6)
+    # more padding on the source side changes nothing: it is masked
+    wider = torch.cat([src, torch.full((8, 3), D.PAD)], dim=1)
+    assert torch.allclose(T.seq2seq_loss(model, (wider, tgt_in, tgt_out)),
+                          loss, atol=1e-5)
+
+
+def test_recipes_are_deterministic_and_wired():
+    a = T.train_toy_translation(steps=3, warmup_steps=1, eval_every=0)
+    b = T.train_toy_translation(steps=3, warmup_steps=1, eval_every=0)
+    assert a.history.loss == b.history.loss and not a.model.training
+    assert len(a.history.val_loss) == 1
+    out = T.greedy_translate(a.model, a.task, [["cat", "sees", "dog"]])
+    assert len(out) == 1 and all(w in a.task.tgt_vocab for w in out[0])
+    lm = T.train_synthetic_lm(steps=3, warmup_steps=1, eval_every=0)
+    lm2 = T.train_synthetic_lm(steps=3, warmup_steps=1, eval_every=0)
+    assert lm.history.loss == lm2.history.loss
+    assert lm.model.config.vocab_size == lm.source.vocab_size == 16
+    assert abs(lm.entropy_rate - D.entropy_rate(lm.source)) < 1e-12
+    # the true model's loss on 128 x 63 validation tokens is close to h
+    assert abs(lm.val_floor - lm.entropy_rate) < 0.03
+    assert lm.history.val_loss[-1] > lm.entropy_rate   # untrained: above
+
+
+def test_next_token_loss_matches_a_loop_and_skips_ignore():
+    model = Bigram()
+    inputs, targets = next(D.lm_batches(_source(), batch_size=3, length=5))
+    targets[1, 2] = T.IGNORE
+    logp = model(inputs).log_softmax(-1)
+    terms = [-logp[b, t, targets[b, t]] for b in range(3) for t in range(5)
+             if targets[b, t] != T.IGNORE]
+    expected = torch.stack(terms).mean()
+    assert torch.allclose(T.next_token_loss(model, (inputs, targets)),
+                          expected, atol=1e-6)
+
+
+def test_evaluate_runs_without_grad_in_eval_mode_and_restores():
+    model = Bigram().train()
+    seen = {}
+
+    def probe(m):
+        seen["training"] = m.training
+        seen["grad"] = torch.is_grad_enabled()
+        return torch.tensor(1.5)
+
+    assert T.evaluate(model, probe) == 1.5
+    assert seen == {"training": False, "grad": False}
+    assert model.training
