@@ -14,6 +14,9 @@ One module per concept; each chapter imports its module and shows its code.
 - ``layers``, ``blocks``, ``models``: FFNs and norms, encoder/decoder
   layers and pre-norm blocks, the Transformer and a decoder-only LM
   (chapter 6)
+- ``data``, ``training``: a toy translation task, a synthetic language with
+  an exact entropy rate, and the training loop (chapter 7)
+- ``sampling``: temperature, top-k, top-p and generation (chapter 8)
 """
 
 __version__ = "0.1.0"
