@@ -1,7 +1,7 @@
 """Simulate a learner opening each chapter in a fresh Colab runtime.
 
 A fresh virtual environment gets only what Colab preinstalls and the course
-relies on: torch==2.13.0, numpy, matplotlib, ipywidgets and ipykernel. It
+relies on: torch==2.13.0, numpy, matplotlib, tqdm, ipywidgets, ipykernel. It
 does NOT get course_lib. Each chapter is copied alone into an empty folder
 (Colab has no other file of the repository) and executed in a kernel of that
 environment with ``COURSE_SIMULATE_COLAB=1``, so its setup cell takes the
@@ -30,9 +30,9 @@ SIM_ROOT = ROOT / "_build" / "colab-sim"
 # What each simulated runtime preinstalls. ipykernel<7 with ipywidgets 7:
 # the old widget stack predates ipykernel 7's comm changes, as on old Colab.
 RUNTIMES = {
-    "ipywidgets7": ["torch==2.13.0", "numpy", "matplotlib",
+    "ipywidgets7": ["torch==2.13.0", "numpy", "matplotlib", "tqdm",
                     "ipywidgets==7.7.1", "ipykernel<7"],
-    "ipywidgets8": ["torch==2.13.0", "numpy", "matplotlib",
+    "ipywidgets8": ["torch==2.13.0", "numpy", "matplotlib", "tqdm",
                     "ipywidgets>=8,<9", "ipykernel"],
 }
 
