@@ -110,6 +110,27 @@ def attention_rows() -> list[str]:
     return rows
 
 
+def training_rows() -> list[str]:
+    """Chapter 7: training throughput and the LM's gap to its floor."""
+    from course_lib.training import benchmark_chapter7
+    r = benchmark_chapter7()
+    return ["", "## Chapter 7: training on this CPU (one run each)", "",
+            "| quantity | value |", "|---|---:|",
+            f"| decoder-only LM, training tokens/s | "
+            f"{r['lm_tokens_per_s']:,.0f} |",
+            f"| encoder-decoder (toy translation), target tokens/s | "
+            f"{r['translation_tokens_per_s']:,.0f} |",
+            f"| LM final validation loss (nats/token) | "
+            f"{r['lm_val_loss']:.4f} |",
+            f"| exact entropy rate of the language (floor) | "
+            f"{r['entropy_rate']:.4f} |",
+            f"| gap to the floor (nats/token) | {r['lm_gap_nats']:.4f} |",
+            f"| gap to the true model on the same tokens | "
+            f"{r['lm_gap_to_val_floor']:.4f} |",
+            f"| translation, held-out exact match | "
+            f"{r['translation_exact_match']:.4f} |"]
+
+
 def main() -> int:
     notebooks = sorted((ROOT / "book").glob("*.ipynb"))
     lines = [
@@ -139,6 +160,7 @@ def main() -> int:
     lines += weight_rows
     lines += rnn_vs_attention_rows()
     lines += attention_rows()
+    lines += training_rows()
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
     return 0 if ok else 1
