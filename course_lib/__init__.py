@@ -5,6 +5,7 @@ One module per concept; each chapter imports its module and shows its code.
 - ``widgets``, ``exercises``: explorers (live ipywidgets + static HTML frame
   players) and widget-checked exercises, used by every chapter
 - ``validation``: the shared argument checks behind every ValueError
+- ``timing``: best-of-n wall-clock timing for measurements and benchmarks
 - ``rnn``: recurrent networks and their limits (chapter 1)
 - ``positional``: sinusoidal encodings and RoPE (chapter 2)
 - ``attention``: scaled dot-product attention and masks (chapters 3-4)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
+from .timing import best_time
 from .validation import check_int, check_real
 
 __all__ = ["scaled_dot_product_attention", "causal_mask", "padding_mask",
@@ -392,16 +392,6 @@ class AttentionTiming:
         return self.explicit_seconds / self.fused_seconds
 
 
-def _best_time(fn, repeats: int) -> float:
-    fn()                                   # warm-up: allocations, dispatch
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
                    d_k: int = 64, batch: int = 1, n_heads: int = 8,
                    repeats: int = 3, causal: bool = False,
@@ -437,7 +427,7 @@ def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
                                                 return_weights=True)
             nbytes = w.element_size() * w.nelement()
             del w                                 # free (B, H, L, L) first
-            times = [_best_time(lambda f=f: scaled_dot_product_attention(
+            times = [best_time(lambda f=f: scaled_dot_product_attention(
                 q, k, v, mask, fused=f), repeats) for f in (False, True)]
         rows.append(AttentionTiming(L, *times, nbytes))
     return rows

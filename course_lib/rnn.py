@@ -15,12 +15,13 @@ Introduced in chapter 1.
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .timing import best_time
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda z: z}
 
@@ -166,16 +167,6 @@ class TimingResult:
         return self.rnn_seconds / self.attention_seconds
 
 
-def _best_time(fn, repeats: int) -> float:
-    fn()  # warm-up: first calls allocate buffers
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)  # the minimum is the least noisy estimate
-
-
 def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
                                  batch: int = 8, repeats: int = 5,
                                  seed: int = 0) -> list[TimingResult]:
@@ -227,8 +218,8 @@ def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
             return torch.softmax(scores, dim=-1) @ v  # (B, T, D)
 
         with torch.inference_mode():
-            results.append(TimingResult(T, _best_time(recurrence, repeats),
-                                        _best_time(attention, repeats)))
+            results.append(TimingResult(T, best_time(recurrence, repeats),
+                                        best_time(attention, repeats)))
     return results
 
 

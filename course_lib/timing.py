@@ -1,0 +1,39 @@
+"""Wall-clock timing for the chapters' measurements and the benchmarks.
+
+Timings change from run to run and machine to machine, so chapters print
+them only in cells that nbval does not compare, and ``benchmarks/run.py``
+records them as ratios measured in one run.
+
+Introduced in chapter 1.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .validation import check_int
+
+__all__ = ["best_time"]
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn()``.
+
+    One untimed warm-up call comes first (first calls allocate buffers and
+    pick kernels). The minimum is the least noisy estimate of the cost:
+    other processes can only make a call slower, never faster.
+
+    Args:
+        fn: the work to time, called with no arguments.
+        repeats: number of timed calls (>= 1).
+
+    Introduced in chapter 1.
+    """
+    check_int("repeats", repeats, minimum=1)
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
