@@ -31,7 +31,8 @@ import re
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Explorer", "in_colab", "markdown_to_html", "figure_to_png"]
+__all__ = ["Explorer", "in_colab", "markdown_to_html", "figure_to_png",
+           "show_source"]
 
 _KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 MAX_FRAMES = 40  # page-weight budget: frames are inlined PNGs
@@ -132,6 +133,17 @@ def widget_bundle(widget: Any, static_html: str, plain: str) -> dict:
         bundle["application/vnd.jupyter.widget-view+json"] = {
             "version_major": 2, "version_minor": 0, "model_id": model_id}
     return bundle
+
+
+def show_source(fn: Callable[..., Any]) -> None:
+    """Print a course_lib function's source with its docstring removed.
+
+    Chapters show the library's code instead of retyping it; the docstring
+    repeats what the surrounding prose explains, so it is left out.
+    """
+    import inspect
+    src = inspect.getsource(fn)
+    print(re.sub(r'\n\s+r?""".*?"""', "", src, count=1, flags=re.S))
 
 
 def figure_to_png(fig: Any, *, dpi: int = 72) -> bytes:

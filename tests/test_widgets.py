@@ -104,3 +104,19 @@ def test_markdown_subset():
     assert "<script" not in markdown_to_html("<script>alert(1)</script>")
     tex = markdown_to_html("$x$ and $$y$$", tex_delimiters=True)
     assert r"\(x\)" in tex and r"\[y\]" in tex
+
+
+def test_show_source_prints_code_without_docstring(capsys):
+    from course_lib.widgets import show_source
+
+    def documented(x):
+        r"""Docstring that the chapter's prose already explains.
+
+        More lines.
+        """
+        return x + 1  # the code itself
+
+    show_source(documented)
+    out = capsys.readouterr().out
+    assert "Docstring" not in out and "More lines" not in out
+    assert "def documented(x):" in out and "return x + 1" in out
