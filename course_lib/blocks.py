@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .attention import scaled_dot_product_attention
+from .kv_cache import LayerKVCache
 from .layers import FeedForward, make_norm
 from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
 from .positional import apply_rope
@@ -147,11 +148,14 @@ class RoPEAttention(MultiHeadAttention):
         self.base = base
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                *, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, D) -> (B, T, D); mask as in MultiHeadAttention."""
+                *, positions: torch.Tensor | None = None,
+                cache: LayerKVCache | None = None) -> torch.Tensor:
+        """x (B, T, D) -> (B, T, D); mask as in MultiHeadAttention, over
+        all $S$ keys (cached + new). With ``cache``, the rotated keys and
+        the values are appended to it, so cached keys are never rotated
+        again: their positions were fixed when they were computed."""
         self._inputs(x, None)
         B, T, D = x.shape
-        mask = self._mask4d(mask, B, T, T)
         if positions is None:
             positions = torch.arange(T, device=x.device)     # (T,)
         q = split_heads(self.q_proj(x), self.n_heads)        # (B, H, T, d_k)
@@ -160,8 +164,11 @@ class RoPEAttention(MultiHeadAttention):
         # Rotate q and k by their positions: q_m . k_n depends on m - n.
         q = apply_rope(q, positions, base=self.base, interleaved=False)
         k = apply_rope(k, positions, base=self.base, interleaved=False)
-        k = repeat_kv(k, self.n_rep)                         # (B, H, T, d_k)
-        v = repeat_kv(v, self.n_rep)                         # (B, H, T, d_k)
+        if cache is not None:
+            k, v = cache.update(k, v)                        # (B, G, S, d_k)
+        mask = self._mask4d(mask, B, T, k.shape[2])
+        k = repeat_kv(k, self.n_rep)                         # (B, H, S, d_k)
+        v = repeat_kv(v, self.n_rep)                         # (B, H, S, d_k)
         out = scaled_dot_product_attention(q, k, v, mask)    # (B, H, T, d_k)
         return self.o_proj(merge_heads(out))                 # (B, T, D)
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .attention import scaled_dot_product_attention
+from .kv_cache import LayerKVCache
 from .validation import check_int
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv",
@@ -243,7 +244,8 @@ class MultiHeadAttention(nn.Module):
     # ----------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None,
-                return_weights: bool = False, *, fused: bool = False):
+                return_weights: bool = False, *, fused: bool = False,
+                cache: LayerKVCache | None = None):
         r"""Batched multi-head attention: all heads in one reshape.
 
         Args:
@@ -255,16 +257,22 @@ class MultiHeadAttention(nn.Module):
             return_weights: also return the attention weights.
             fused: step 4 by torch's fused kernel (same result up to
                 rounding; keeps no weights, so not with ``return_weights``).
+            cache: self-attention only: this layer's
+                :class:`~course_lib.kv_cache.LayerKVCache`. The new K, V
+                (G heads, before repetition) are appended and attention
+                runs over all cached positions, so $S$ = cached + $T$
+                (chapter 9).
 
         Returns:
             ``(B, T, D)``, and with ``return_weights`` the weights
             ``(B, H, T, S)``.
         """
+        if cache is not None and context is not None:
+            raise ValueError("cache is for self-attention: pass context="
+                             "None with a cache")
         context = self._inputs(x, context)
         B, T, D = x.shape
-        S = context.shape[1]
         H, G = self.n_heads, self.n_kv_heads
-        mask = self._mask4d(mask, B, T, S)
         # 1) Project: Q = X W^Q, K = C W^K, V = C W^V (all heads at once).
         q = self.q_proj(x)                                   # (B, T, H*d_k)
         k = self.k_proj(context)                             # (B, S, G*d_k)
@@ -273,6 +281,10 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(q, H)                                # (B, H, T, d_k)
         k = split_heads(k, G)                                # (B, G, S, d_k)
         v = split_heads(v, G)                                # (B, G, S, d_k)
+        if cache is not None:
+            # KV cache: past keys/values + this call's (chapter 9).
+            k, v = cache.update(k, v)                        # (B, G, S, d_k)
+        mask = self._mask4d(mask, B, T, k.shape[2])
         # 3) GQA/MQA: each K/V head serves n_rep query heads.
         k = repeat_kv(k, self.n_rep)                         # (B, H, S, d_k)
         v = repeat_kv(v, self.n_rep)                         # (B, H, S, d_k)

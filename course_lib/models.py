@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .attention import causal_mask, combine_masks, padding_mask
 from .blocks import DecoderBlock, DecoderLayer, EncoderLayer, RoPEAttention
+from .kv_cache import KVCache
 from .layers import (FeedForward, SwiGLU, ffn_param_count,
                      llama_hidden_dim, make_norm, swiglu_param_count)
 from .mha import MultiHeadAttention, mha_param_count
@@ -253,6 +255,13 @@ class DecoderLMConfig:
 class DecoderLM(nn.Module):
     r"""Decoder-only language model: idx (B, T) -> logits (B, T, V).
 
+    By default every block has the attention and FFN the config names.
+    ``attention_factory(i)`` and ``ffn_factory(i)``, if given, build
+    layer ``i``'s modules instead: multi-head latent attention (chapter
+    10), a mixture of experts (chapter 11), or dense layers first and
+    MoE layers after, as in DeepSeek-V3. A factory attention is called
+    as ``attn(h, mask=..., positions=..., cache=...)``.
+
     Init as GPT-2: $N(0, 0.02^2)$ weights, zero biases, and the two
     projections that write into the residual stream (``o_proj`` and the
     FFN's output) scaled by $1/\sqrt{2N}$ so the stream's variance does
@@ -261,14 +270,23 @@ class DecoderLM(nn.Module):
     Introduced in chapter 6.
     """
 
-    def __init__(self, config: DecoderLMConfig) -> None:
+    def __init__(self, config: DecoderLMConfig, *,
+                 attention_factory: Callable[[int], nn.Module] | None = None,
+                 ffn_factory: Callable[[int], nn.Module] | None = None
+                 ) -> None:
         super().__init__()
         c = self.config = config
+        for name, f in (("attention_factory", attention_factory),
+                        ("ffn_factory", ffn_factory)):
+            if f is not None and not callable(f):
+                raise ValueError(f"{name} must be a callable layer_idx -> "
+                                 f"nn.Module, got {type(f).__name__}")
+        self._factories = (attention_factory, ffn_factory)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.d_model)  # E
         self.embed_positions = (nn.Embedding(c.max_len, c.d_model)
                                 if c.positions == "learned" else None)
         self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList(self._block() for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(self._block(i) for i in range(c.n_layers))
         self.norm = make_norm(c.norm, c.d_model, bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init)
@@ -279,15 +297,23 @@ class DecoderLM(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight   # (V, D) shared
 
-    def _block(self) -> DecoderBlock:
+    def _block(self, i: int) -> DecoderBlock:
         c = self.config
         kw = dict(n_kv_heads=c.n_kv_heads, bias=c.bias)
-        attn = (RoPEAttention(c.d_model, c.n_heads, **kw)
-                if c.positions == "rope"
-                else MultiHeadAttention(c.d_model, c.n_heads, **kw))
-        ffn = (SwiGLU(c.d_model, c.d_ff) if c.ffn == "swiglu" else
-               FeedForward(c.d_model, c.d_ff, activation=c.ffn,
-                           bias=c.bias))
+        make_attn, make_ffn = self._factories
+        if make_attn is not None:
+            attn = make_attn(i)
+        elif c.positions == "rope":
+            attn = RoPEAttention(c.d_model, c.n_heads, **kw)
+        else:
+            attn = MultiHeadAttention(c.d_model, c.n_heads, **kw)
+        if make_ffn is not None:
+            ffn = make_ffn(i)
+        elif c.ffn == "swiglu":
+            ffn = SwiGLU(c.d_model, c.d_ff)
+        else:
+            ffn = FeedForward(c.d_model, c.d_ff, activation=c.ffn,
+                              bias=c.bias)
         return DecoderBlock(c.d_model, attention=attn, ffn=ffn, norm=c.norm,
                             norm_bias=c.bias, dropout=c.dropout)
 
@@ -300,31 +326,55 @@ class DecoderLM(nn.Module):
 
     def forward(self, idx: torch.Tensor,
                 positions: torch.Tensor | None = None, *,
-                return_aux: bool = False):
+                cache: KVCache | None = None, return_aux: bool = False):
         """idx (B, T) ids -> next-token logits (B, T, V).
 
-        ``positions`` (T,): absolute positions, default $0..T-1$ (a KV
-        cache passes later ones). ``return_aux``: also return the sum of
-        the blocks' auxiliary losses (MoE), None if there are none.
+        ``positions`` (T,): absolute positions, default $0..T-1$, or with
+        a ``cache`` the $T$ positions after the cached ones.
+        ``cache``: a :class:`~course_lib.kv_cache.KVCache` with one layer
+        per block; the new keys/values are appended to it and the new
+        queries attend to all $S$ cached + new positions (chapter 9).
+        ``return_aux``: also return the list of what the blocks' FFNs
+        returned besides their output (an MoE's routing information,
+        chapter 11); empty for dense FFNs.
         """
         c = self.config
         _check_tokens("idx", idx, c.vocab_size, c.max_len)
         B, T = idx.shape
+        past = 0
+        if cache is not None:
+            if not isinstance(cache, KVCache) or len(cache) != c.n_layers:
+                raise ValueError(f"cache must be a KVCache with n_layers="
+                                 f"{c.n_layers} layers, got {cache!r}")
+            past = cache.seq_len
+            if past and cache[0].batch_size != B:
+                raise ValueError(f"idx has batch size {B} but the cache "
+                                 f"holds batch size {cache[0].batch_size}")
         if positions is None:
-            positions = torch.arange(T, device=idx.device)   # (T,)
+            positions = torch.arange(past, past + T,
+                                     device=idx.device)      # (T,)
+        if cache is not None:
+            cache.check_next(positions)
+        if positions.max() >= c.max_len:
+            raise ValueError(f"positions must be < max_len={c.max_len}, "
+                             f"got {positions.max().item()}")
         h = self.embed_tokens(idx)                           # (B, T, D)
         if self.embed_positions is not None:
             # h^0 = E[x] + P[pos]: learned positions, added once.
             h = h + self.embed_positions(positions)          # (B, T, D)
         h = self.dropout(h)
-        mask = causal_mask(T, device=idx.device)             # (T, T)
-        kw = {"positions": positions} if c.positions == "rope" else {}
-        aux = None
-        for block in self.layers:
+        # new token i (position past + i) sees keys 0 .. past + i
+        mask = causal_mask(T, past + T, device=idx.device)   # (T, S)
+        kw = {"positions": positions} if (
+            c.positions == "rope" or self._factories[0] is not None) else {}
+        aux = []
+        for i, block in enumerate(self.layers):
+            if cache is not None:
+                kw["cache"] = cache[i]
             h = block(h, mask=mask, **kw)
             if isinstance(h, tuple):
                 h, a = h
-                aux = a if aux is None else aux + a
+                aux.append(a)
         logits = self.lm_head(self.norm(h))                  # (B, T, V)
         return (logits, aux) if return_aux else logits
 

@@ -146,10 +146,10 @@ def test_decoder_lm_init_gives_uniformish_predictions():
     assert copy < loss - 1
 
 
-def test_decoder_lm_return_aux_none_for_dense():
+def test_decoder_lm_return_aux_empty_for_dense():
     lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
     logits, aux = lm(torch.randint(20, (1, 3)), return_aux=True)
-    assert logits.shape == (1, 3, 20) and aux is None
+    assert logits.shape == (1, 3, 20) and aux == []
 
 
 # ------------------------------------------------------------ Transformer
