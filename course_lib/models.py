@@ -324,22 +324,10 @@ class DecoderLM(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, idx: torch.Tensor,
-                positions: torch.Tensor | None = None, *,
-                cache: KVCache | None = None, return_aux: bool = False):
-        """idx (B, T) ids -> next-token logits (B, T, V).
-
-        ``positions`` (T,): absolute positions, default $0..T-1$, or with
-        a ``cache`` the $T$ positions after the cached ones.
-        ``cache``: a :class:`~course_lib.kv_cache.KVCache` with one layer
-        per block; the new keys/values are appended to it and the new
-        queries attend to all $S$ cached + new positions (chapter 9).
-        ``return_aux``: also return the list of what the blocks' FFNs
-        returned besides their output (an MoE's routing information,
-        chapter 11); empty for dense FFNs.
-        """
+    def _positions(self, idx: torch.Tensor, positions, cache):
+        """Validate ``cache`` and ``positions``; return (cached length,
+        positions (T,)), by default the T positions after the cache."""
         c = self.config
-        _check_tokens("idx", idx, c.vocab_size, c.max_len)
         B, T = idx.shape
         past = 0
         if cache is not None:
@@ -358,6 +346,26 @@ class DecoderLM(nn.Module):
         if positions.max() >= c.max_len:
             raise ValueError(f"positions must be < max_len={c.max_len}, "
                              f"got {positions.max().item()}")
+        return past, positions
+
+    def forward(self, idx: torch.Tensor,
+                positions: torch.Tensor | None = None, *,
+                cache: KVCache | None = None, return_aux: bool = False):
+        """idx (B, T) ids -> next-token logits (B, T, V).
+
+        ``positions`` (T,): absolute positions, default $0..T-1$, or with
+        a ``cache`` the $T$ positions after the cached ones.
+        ``cache``: a :class:`~course_lib.kv_cache.KVCache` with one layer
+        per block; the new keys/values are appended to it and the new
+        queries attend to all $S$ cached + new positions (chapter 9).
+        ``return_aux``: also return the list of what the blocks' FFNs
+        returned besides their output (an MoE's routing information,
+        chapter 11); empty for dense FFNs.
+        """
+        c = self.config
+        _check_tokens("idx", idx, c.vocab_size, c.max_len)
+        T = idx.shape[1]
+        past, positions = self._positions(idx, positions, cache)
         h = self.embed_tokens(idx)                           # (B, T, D)
         if self.embed_positions is not None:
             # h^0 = E[x] + P[pos]: learned positions, added once.
