@@ -13,18 +13,38 @@ attention (the $G$ key/value heads, before GQA's repetition), or the
 latent $c^{KV}$ ``(B, S, d_c)`` and the shared RoPE key ``(B, 1, S,
 d^R)`` for multi-head latent attention (chapter 10).
 
+Its size follows from the config alone (:func:`kv_cache_bytes`): per
+token and layer, $2 \cdot G \cdot d_h$ values for MHA ($G = h$), GQA and
+MQA ($G = 1$), $d_c + d_h^R$ for MLA.
+
+Generation with a cache (prefill, then one token per call), prefix reuse
+and decode-speed measurements live in :mod:`course_lib.decoding`;
+``generate`` and ``prefill`` are re-exported here.
+
 Shape letters: B batch, T new tokens in this call, S cached + new tokens,
-G key/value heads, d_k head width.
+G key/value heads, d_k (= $d_h$) head width.
 
 Introduced in chapter 9.
 """
 from __future__ import annotations
 
+from numbers import Real
+
 import torch
 
 from .validation import check_int
 
-__all__ = ["LayerKVCache", "KVCache"]
+__all__ = ["LayerKVCache", "KVCache", "kv_cache_bytes",
+           "kv_values_per_token", "generate", "prefill"]
+
+
+def __getattr__(name: str):
+    # Lazy re-export: decoding imports this module, so importing it at the
+    # top would be circular.
+    if name in ("generate", "prefill"):
+        from . import decoding
+        return getattr(decoding, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class LayerKVCache:
@@ -181,3 +201,108 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes held by all layers."""
         return sum(layer.nbytes() for layer in self.layers)
+
+
+# ------------------------------------------------------------ cache size
+def _attr(config, *names, default=None):
+    """First attribute of ``config`` among ``names`` that exists and is not
+    None (Hugging Face names are listed first)."""
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _config_int(config, *names, required=True):
+    value = _attr(config, *names)
+    if value is None:
+        if required:
+            raise ValueError(f"config must have one of the attributes "
+                             f"{names}, got {type(config).__name__} "
+                             f"without them")
+        return None
+    check_int(f"config.{names[0]}", value, minimum=1)
+    return value
+
+
+def kv_values_per_token(config, *, n_layers: int | None = None) -> int:
+    r"""Cached values per token, summed over layers (batch 1).
+
+    Multi-head, grouped-query and multi-query attention cache a key and a
+    value of width $d_h$ for each of the $G$ key/value heads in each of
+    the $l$ layers; multi-head latent attention caches the latent
+    $c^{KV}$ and the shared RoPE key $k^R$:
+
+    $$\text{MHA/GQA/MQA: } 2 \cdot G \cdot d_h \cdot l, \qquad
+    \text{MLA: } (d_c + d_h^R) \cdot l.$$
+
+    Attributes are read Hugging Face names first: layers
+    ``num_hidden_layers`` / ``n_layers``; width ``hidden_size`` /
+    ``d_model``; heads ``num_attention_heads`` / ``n_heads``; K/V heads
+    ``num_key_value_heads`` / ``n_kv_heads`` (None: $G = h$); $d_h$ =
+    ``head_dim`` if set, else width // heads. A config with a
+    ``kv_lora_rank`` that is not None is MLA: $d_c$ = ``kv_lora_rank``,
+    $d_h^R$ = ``qk_rope_head_dim``.
+
+    Args:
+        config: a config object (``DecoderLMConfig``, an MLA config, a
+            Hugging Face config, ``ModelConfig``, a namespace...).
+        n_layers: count this many layers instead of the config's.
+
+    Returns:
+        Values (not bytes) per token.
+
+    Introduced in chapter 9.
+    """
+    if n_layers is None:
+        n_layers = _config_int(config, "num_hidden_layers", "n_layers")
+    else:
+        check_int("n_layers", n_layers, minimum=0)
+    if _attr(config, "kv_lora_rank") is not None:
+        # MLA: c^KV (d_c) and the shared k^R (d_h^R), one of each per layer
+        d_c = _config_int(config, "kv_lora_rank")
+        d_rope = _config_int(config, "qk_rope_head_dim")
+        return (d_c + d_rope) * n_layers
+    heads = _config_int(config, "num_attention_heads", "n_heads")
+    kv_heads = _config_int(config, "num_key_value_heads", "n_kv_heads",
+                           required=False) or heads
+    head_dim = _config_int(config, "head_dim", required=False)
+    if head_dim is None:
+        width = _config_int(config, "hidden_size", "d_model")
+        head_dim = width // heads
+    # K and V: 2 G d_h values per layer
+    return 2 * kv_heads * head_dim * n_layers
+
+
+def kv_cache_bytes(config, n_tokens: int, *, bytes_per_value: float = 2,
+                   n_layers: int | None = None) -> int | float:
+    r"""Bytes of the KV cache for ``n_tokens`` tokens of one sequence.
+
+    $$\text{bytes} = \text{values per token} \times n_{\text{tokens}}
+    \times \text{bytes per value},$$
+
+    with the values per token of :func:`kv_values_per_token`. A batch of
+    $B$ sequences needs $B$ times as much. Example: Llama-2-7B (32 layers,
+    32 heads, $d_h = 128$) at fp16 needs $2 \cdot 32 \cdot 128 \cdot 32
+    \cdot 2$ B = 512 KiB per token.
+
+    Args:
+        config: as in :func:`kv_values_per_token`.
+        n_tokens: cached positions, an int $\ge 0$.
+        bytes_per_value: 2 for fp16/bf16 (default), 4 for fp32, 1 for
+            8-bit; fractions (0.5 for 4-bit) are allowed.
+        n_layers: count this many layers instead of the config's.
+
+    Returns:
+        Bytes (an int when ``bytes_per_value`` is an int).
+
+    Introduced in chapter 9.
+    """
+    check_int("n_tokens", n_tokens, minimum=0)
+    if isinstance(bytes_per_value, bool) or not isinstance(
+            bytes_per_value, Real) or not 0 < bytes_per_value < float("inf"):
+        raise ValueError(f"bytes_per_value must be a number > 0, got "
+                         f"{bytes_per_value!r}")
+    per_token = kv_values_per_token(config, n_layers=n_layers)
+    return per_token * n_tokens * bytes_per_value

@@ -94,3 +94,289 @@ def test_layer_cache_update_checks():
         c.update(k[:, :, :2], k[:, :, :2])
     with pytest.raises(ValueError, match="n must be <="):
         c.crop(5)
+
+
+# ===================================================== generation (decoding)
+import math  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from course_lib import decoding, sampling  # noqa: E402
+from course_lib.kv_cache import (generate, kv_cache_bytes,  # noqa: E402
+                                 kv_values_per_token, prefill)
+
+SAMPLERS = {
+    "greedy": dict(temperature=0.0),
+    "t1": dict(temperature=1.0),
+    "t0.8-k5-p0.9": dict(temperature=0.8, top_k=5, top_p=0.9),
+}
+
+
+class Recorder(torch.nn.Module):
+    """Wraps a model; records the input shape and last-position logits of
+    every call, so cached and uncached runs can be compared step by step."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+        self.shapes, self.last = [], []
+
+    def forward(self, idx, **kw):
+        out = self.model(idx, **kw)
+        self.shapes.append(tuple(idx.shape))
+        self.last.append(out[:, -1].clone())
+        return out
+
+
+# every model greedy; seeded sampling (with and without top-k/top-p) on
+# learned and RoPE positions, MHA, GQA and MQA
+CASES = [(name, "greedy") for name in MODELS] + [
+    ("mha-learned", "t1"), ("gqa-rope", "t1"),
+    ("mha-rope", "t0.8-k5-p0.9"), ("mqa-rope", "t0.8-k5-p0.9")]
+
+
+@pytest.mark.parametrize("name,sampler", CASES)
+@pytest.mark.parametrize("prompt_len", [1, 4])
+def test_generate_cached_equals_uncached_tokens(name, sampler, prompt_len):
+    lm = tiny_lm(**MODELS[name])
+    prompt = torch.randint(23, (2, prompt_len))
+    n_new = 40 - prompt_len               # up to the last position max_len
+    out = {}
+    for use_cache in (True, False):
+        gen = torch.Generator().manual_seed(7)
+        out[use_cache] = generate(lm, prompt, n_new, use_cache=use_cache,
+                                  generator=gen, **SAMPLERS[sampler])
+    assert out[True].shape == (2, 40)
+    assert torch.equal(out[True][:, :prompt_len], prompt)
+    assert torch.equal(out[True], out[False])
+
+
+@pytest.mark.parametrize("name", ["mha-learned", "gqa-rope"])
+def test_generate_step_logits_and_calls(name):
+    rec = Recorder(tiny_lm(**MODELS[name]))
+    prompt = torch.randint(23, (3, 5))
+    cached = generate(rec, prompt, 20, use_cache=True, temperature=0.0)
+    # one prefill call on the prompt, then one call per new token but the
+    # last (which is returned, never fed back)
+    assert rec.shapes == [(3, 5)] + [(3, 1)] * 19
+    cached_logits, rec.shapes, rec.last = rec.last, [], []
+    full = generate(rec, prompt, 20, use_cache=False, temperature=0.0)
+    assert rec.shapes == [(3, 5 + t) for t in range(20)]
+    assert torch.equal(cached, full)
+    torch.testing.assert_close(torch.stack(cached_logits),
+                               torch.stack(rec.last), atol=1e-5, rtol=1e-5)
+
+
+def test_generate_without_cache_is_chapter8_generate():
+    lm = tiny_lm()
+    prompt = torch.randint(23, (6,))
+    # 50 tokens > max_len: chapter 8's generate crops the window
+    a = generate(lm, prompt, 50, use_cache=False,
+                 generator=torch.Generator().manual_seed(3))
+    b = sampling.generate(lm, prompt, 50,
+                          generator=torch.Generator().manual_seed(3))
+    assert a.shape == (56,) and torch.equal(a, b)
+
+
+def test_generate_restores_training_mode_and_1d_prompt():
+    lm = tiny_lm(dropout=0.5).train()
+    prompt = torch.randint(23, (3,))
+    a = generate(lm, prompt, 10, temperature=0.0)
+    assert lm.training
+    b = generate(lm, prompt, 10, use_cache=False, temperature=0.0)
+    assert a.shape == (13,) and torch.equal(a, b)
+    assert torch.equal(generate(lm, prompt, 0), prompt)
+
+
+def test_prefill_returns_last_logits():
+    lm = tiny_lm(n_kv_heads=1)
+    ids = torch.randint(23, (2, 7))
+    cache = KVCache(2)
+    z = prefill(lm, ids, cache)
+    assert cache.seq_len == 7
+    torch.testing.assert_close(z, lm(ids)[:, -1], atol=1e-6, rtol=1e-6)
+    # a further chunk continues the cache
+    more = torch.randint(23, (2, 3))
+    z2 = prefill(lm, more, cache)
+    full = lm(torch.cat([ids, more], dim=1))
+    torch.testing.assert_close(z2, full[:, -1], atol=1e-5, rtol=1e-5)
+    assert prefill(lm, ids[0], KVCache(2)).shape == (23,)
+
+
+@pytest.mark.parametrize("name", ["mha-learned", "gqa-rope"])
+def test_prefix_reuse_with_fork_equals_from_scratch(name):
+    lm = tiny_lm(**MODELS[name])
+    system = torch.randint(23, (1, 9))
+    shared = KVCache(2, max_len=40)
+    prefill(lm, system, shared)
+    before = [t.clone() for t in shared[1].tensors]
+    for seed in range(3):
+        user = torch.randint(23, (1, 1 + seed))
+        reuse = generate(lm, user, 8, cache=shared.fork(),
+                         generator=torch.Generator().manual_seed(seed))
+        scratch = generate(lm, torch.cat([system, user], dim=1), 8,
+                           generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(reuse, scratch[:, system.shape[1]:])
+    assert shared.seq_len == 9              # forks left the prefix alone
+    assert all(torch.equal(a, b) for a, b in zip(before, shared[1].tensors))
+
+
+def test_generate_bad_input():
+    lm = tiny_lm()
+    prompt = torch.randint(23, (2, 5))
+    with pytest.raises(ValueError, match="max_len=40"):
+        generate(lm, prompt, 36)                            # 41 > 40
+    generate(lm, prompt, 35, temperature=0.0)               # 40 fits
+    cache = KVCache(2)
+    prefill(lm, torch.randint(23, (2, 30)), cache)
+    with pytest.raises(ValueError, match="30 cached"):
+        generate(lm, prompt, 6, cache=cache)
+    with pytest.raises(ValueError, match="batch size 3"):
+        generate(lm, torch.randint(23, (3, 2)), 2, cache=cache)
+    with pytest.raises(ValueError, match="n_layers"):
+        generate(lm, prompt, 2, cache=KVCache(3))
+    with pytest.raises(ValueError, match="use_cache=False"):
+        generate(lm, prompt, 2, use_cache=False, cache=KVCache(2))
+    with pytest.raises(ValueError, match="cache must be a KVCache"):
+        generate(lm, prompt, 2, cache=[])
+    with pytest.raises(ValueError, match="integer tensor"):
+        generate(lm, prompt.float(), 2)
+    with pytest.raises(ValueError, match="T0 >= 1"):
+        generate(lm, prompt[:, :0], 2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(lm, prompt, -1)
+    with pytest.raises(ValueError, match="config with n_layers"):
+        generate(torch.nn.Identity(), prompt, 2)
+    with pytest.raises(ValueError, match="cache must be a KVCache"):
+        prefill(lm, prompt, None)
+
+
+def test_decode_throughput_and_reexport():
+    lm = tiny_lm()
+    for use_cache in (True, False):
+        rate = decoding.decode_throughput(lm, prompt_len=3, new_tokens=5,
+                                          use_cache=use_cache, repeats=2)
+        assert math.isfinite(rate) and rate > 0
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        decoding.decode_throughput(lm, prompt_len=3, new_tokens=5,
+                                   use_cache=True, repeats=0)
+    assert generate is decoding.generate and prefill is decoding.prefill
+    import course_lib.kv_cache as kvc
+    with pytest.raises(AttributeError):
+        kvc.no_such_name
+
+
+# ============================================================ cache sizes
+@pytest.mark.parametrize("name", MODELS)
+def test_kv_cache_bytes_equals_actual_cache(name):
+    lm = tiny_lm(**MODELS[name])
+    for B, T in ((1, 1), (3, 11)):
+        cache = KVCache(2)
+        lm(torch.randint(23, (B, T)), cache=cache)
+        expected = B * kv_cache_bytes(lm.config, T, bytes_per_value=4)
+        assert cache.nbytes() == expected
+    # closed form of the tiny model: 2 G d_h l with d_h = 32 / 4 = 8
+    G = MODELS[name].get("n_kv_heads", 4)
+    assert kv_values_per_token(lm.config) == 2 * G * 8 * 2
+
+
+LLAMA2_7B = SimpleNamespace(num_hidden_layers=32, hidden_size=4096,
+                            num_attention_heads=32, num_key_value_heads=32,
+                            head_dim=None)
+LLAMA2_70B = SimpleNamespace(num_hidden_layers=80, hidden_size=8192,
+                             num_attention_heads=64, num_key_value_heads=8)
+FALCON_7B = SimpleNamespace(num_hidden_layers=32, hidden_size=4544,
+                            num_attention_heads=71, num_key_value_heads=1)
+DEEPSEEK_V3 = SimpleNamespace(num_hidden_layers=61, hidden_size=7168,
+                              num_attention_heads=128, head_dim=64,
+                              num_key_value_heads=128, kv_lora_rank=512,
+                              qk_rope_head_dim=64, q_lora_rank=1536)
+
+
+def test_kv_cache_bytes_published_configs():
+    KiB, GiB = 2 ** 10, 2 ** 30
+    assert kv_cache_bytes(LLAMA2_7B, 1) == 512 * KiB
+    assert kv_cache_bytes(LLAMA2_7B, 128 * 1024) == 64 * GiB
+    assert kv_cache_bytes(LLAMA2_70B, 1) == 320 * KiB       # 2*8*128*80*2
+    assert kv_cache_bytes(FALCON_7B, 1) == 8 * KiB          # 2*1*64*32*2
+    # MLA: (d_c + d_h^R) l, the head_dim and kv heads are not used
+    assert kv_cache_bytes(DEEPSEEK_V3, 1) == (512 + 64) * 61 * 2
+    assert kv_cache_bytes(LLAMA2_7B, 10, bytes_per_value=0.5) == 10 * 128 * KiB
+    assert kv_cache_bytes(LLAMA2_7B, 1, n_layers=1) == 16 * KiB
+    assert kv_cache_bytes(LLAMA2_7B, 0) == 0
+
+
+def test_kv_cache_bytes_attribute_rule():
+    # Hugging Face names first; head_dim, when set, beats width // heads
+    both = SimpleNamespace(num_hidden_layers=2, n_layers=5, hidden_size=64,
+                           d_model=999, num_attention_heads=4, n_heads=3,
+                           num_key_value_heads=None, n_kv_heads=2,
+                           head_dim=32)
+    assert kv_values_per_token(both) == 2 * 2 * 32 * 2
+    course = DecoderLMConfig(vocab_size=10, d_model=48, n_heads=6,
+                             n_kv_heads=3, n_layers=5)
+    assert kv_values_per_token(course) == 2 * 3 * 8 * 5
+    mla_layer = SimpleNamespace(kv_lora_rank=16, qk_rope_head_dim=4)
+    assert kv_values_per_token(mla_layer, n_layers=3) == 60
+
+
+def test_kv_cache_bytes_bad_input():
+    with pytest.raises(ValueError, match="n_tokens must be >= 0, got -1"):
+        kv_cache_bytes(LLAMA2_7B, -1)
+    for bad in (0, -2, True, "2", float("inf")):
+        with pytest.raises(ValueError, match="bytes_per_value"):
+            kv_cache_bytes(LLAMA2_7B, 1, bytes_per_value=bad)
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        kv_cache_bytes(SimpleNamespace(hidden_size=8), 1)
+    with pytest.raises(ValueError, match="qk_rope_head_dim"):
+        kv_cache_bytes(SimpleNamespace(n_layers=2, kv_lora_rank=8), 1)
+    with pytest.raises(ValueError, match="n_layers must be >= 0"):
+        kv_cache_bytes(LLAMA2_7B, 1, n_layers=-1)
+    with pytest.raises(ValueError, match="config.num_attention_heads"):
+        kv_cache_bytes(SimpleNamespace(n_layers=2, n_heads=0, d_model=8), 1)
+
+
+# ======================================================== FLOPs and bytes
+@pytest.mark.parametrize("name", MODELS)
+def test_forward_cost_flops_match_torch_flop_counter(name):
+    from torch.utils.flop_counter import FlopCounterMode
+    lm = tiny_lm(**MODELS[name], tie_embeddings=(name != "mha-learned"))
+    cache = KVCache(2)
+    ids = torch.randint(23, (3, 7))
+    for chunk, past in ((ids, 0), (ids[:, :1], 7)):    # prefill, decode
+        with FlopCounterMode(display=False) as counter:
+            lm(chunk, cache=cache)
+        cost = decoding.forward_cost(lm.config, new_tokens=chunk.shape[1],
+                                     cached_tokens=past, batch_size=3,
+                                     bytes_per_value=4)
+        assert cost["flops"] == counter.get_total_flops()
+    # weight bytes: every parameter but norms (and learned positions)
+    skip = ("norm", "embed_positions")
+    n = sum(p.numel() for k, p in lm.named_parameters()
+            if not any(s in k for s in skip) and not k.endswith("bias"))
+    assert cost["weight_bytes"] == 4 * n
+    assert cost["kv_bytes"] == 3 * kv_cache_bytes(lm.config, 8,
+                                                  bytes_per_value=4)
+
+
+def test_forward_cost_prefill_vs_decode_intensity():
+    llama = DecoderLMConfig(vocab_size=32000, d_model=4096, n_heads=32,
+                            n_layers=32, d_ff=11008, max_len=4096,
+                            tie_embeddings=False)
+    decode = decoding.forward_cost(llama, new_tokens=1, cached_tokens=1000)
+    pre = decoding.forward_cost(llama, new_tokens=2000)
+    # decode: about 2 FLOPs per weight and 2 bytes per weight -> ~1
+    assert 0.5 < decode["intensity"] < 1.0
+    assert pre["intensity"] > 500
+    # 2 FLOPs per weight used in a matmul (all but the input embedding
+    # and the norms), plus the scores and the weighted sum over S = 1001
+    from course_lib.models import decoder_lm_param_count
+    n_matmul = decoder_lm_param_count(llama) - 32000 * 4096 - 65 * 4096
+    assert decode["flops"] == 2 * n_matmul + 4 * 1001 * 4096 * 32
+    batch = decoding.forward_cost(llama, new_tokens=1, cached_tokens=1000,
+                                  batch_size=8)
+    assert batch["flops"] == 8 * decode["flops"]
+    assert batch["weight_bytes"] == decode["weight_bytes"]
+    with pytest.raises(ValueError, match="new_tokens must be >= 1"):
+        decoding.forward_cost(llama, new_tokens=0)
+    with pytest.raises(ValueError, match="bytes_per_value must be > 0"):
+        decoding.forward_cost(llama, new_tokens=1, bytes_per_value=0)
