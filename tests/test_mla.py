@@ -1,0 +1,275 @@
+"""Tests for course_lib.mla (multi-head latent attention, chapter 10).
+
+The comparison with Hugging Face's DeepseekV3Attention is in
+test_mla_reference.py (it imports transformers, which is slow)."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from course_lib.attention import causal_mask
+from course_lib.decoding import generate
+from course_lib.kv_cache import KVCache, LayerKVCache, kv_cache_bytes
+from course_lib.mla import MLAConfig, MultiHeadLatentAttention, \
+    mla_param_count
+from course_lib.models import DecoderLM, DecoderLMConfig
+from course_lib.positional import apply_rope
+
+ATOL = 1e-5
+
+
+def tiny(**kw) -> MLAConfig:
+    base = dict(hidden_size=48, num_attention_heads=4, q_lora_rank=24,
+                kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=6,
+                v_head_dim=10)
+    return MLAConfig(**{**base, **kw})
+
+
+def make(cfg=None, seed=123, **kw) -> MultiHeadLatentAttention:
+    torch.manual_seed(seed)
+    m = MultiHeadLatentAttention(cfg or tiny(), **kw)
+    # Non-trivial norm weights, so a missing or misplaced norm shows up.
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+    return m
+
+
+# ------------------------------------------------------------------ config
+def test_presets_are_the_published_values():
+    v3 = MLAConfig.deepseek_v3()
+    assert (v3.hidden_size, v3.num_attention_heads, v3.q_lora_rank,
+            v3.kv_lora_rank, v3.qk_nope_head_dim, v3.qk_rope_head_dim,
+            v3.v_head_dim, v3.rope_theta) == (7168, 128, 1536, 512, 128, 64,
+                                               128, 10000.0)
+    assert v3.qk_head_dim == 192 and v3.rms_norm_eps == 1e-6
+    assert not v3.attention_bias
+    assert MLAConfig.deepseek_v2().hidden_size == 5120
+    lite = MLAConfig.deepseek_v2_lite()
+    assert (lite.hidden_size, lite.num_attention_heads,
+            lite.q_lora_rank) == (2048, 16, None)
+    assert MLAConfig.deepseek_v3(num_attention_heads=64) \
+        .num_attention_heads == 64
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(qk_rope_head_dim=7), r"qk_rope_head_dim must be even \(RoPE rotates pairs\), got 7"),
+    (dict(kv_lora_rank=0), "kv_lora_rank must be >= 1, got 0"),
+    (dict(q_lora_rank=0), "q_lora_rank must be >= 1, got 0"),
+    (dict(num_attention_heads=2.0), "num_attention_heads must be an int"),
+    (dict(rope_theta=-1.0), "rope_theta must be > 0"),
+    (dict(rms_norm_eps=0.0), "rms_norm_eps must be > 0"),
+    (dict(attention_bias=1), "attention_bias must be a bool"),
+])
+def test_config_rejects_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kw)
+
+
+def test_module_rejects_non_config():
+    with pytest.raises(ValueError, match="config must be an MLAConfig"):
+        MultiHeadLatentAttention({"hidden_size": 8})
+
+
+# ----------------------------------------------------------- param counts
+@pytest.mark.parametrize("cfg", [tiny(), tiny(q_lora_rank=None),
+                                 tiny(attention_bias=True),
+                                 tiny(q_lora_rank=None, attention_bias=True)])
+def test_param_count_closed_form(cfg):
+    m = MultiHeadLatentAttention(cfg)
+    assert sum(p.numel() for p in m.parameters()) == mla_param_count(cfg)
+
+
+def test_param_count_deepseek_v3_by_hand():
+    with torch.device("meta"):
+        m = MultiHeadLatentAttention(MLAConfig.deepseek_v3())
+    sizes = {n: p.numel() for n, p in m.named_parameters()}
+    assert sizes["q_a_proj.weight"] == 7168 * 1536
+    assert sizes["q_b_proj.weight"] == 1536 * 128 * 192
+    assert sizes["kv_a_proj_with_mqa.weight"] == 7168 * (512 + 64)
+    assert sizes["kv_b_proj.weight"] == 512 * 128 * (128 + 128)
+    assert sizes["o_proj.weight"] == 128 * 128 * 7168
+    by_hand = (11_010_048 + 1536 + 37_748_736 + 4_128_768 + 512
+               + 16_777_216 + 117_440_512)
+    assert sum(sizes.values()) == by_hand == \
+        mla_param_count(MLAConfig.deepseek_v3())
+
+
+# --------------------------------------------------- explicit vs absorbed
+def _masks(B, T):
+    pad = torch.ones(B, 1, T, dtype=torch.bool)
+    pad[0, 0, -2:] = False                                 # pad 2 keys
+    return [None, causal_mask(T), pad,
+            causal_mask(T)[None].expand(B, T, T) & pad]
+
+
+@pytest.mark.parametrize("q_lora_rank", [24, None])
+@pytest.mark.parametrize("mask_idx", range(4))
+def test_absorbed_equals_explicit(q_lora_rank, mask_idx):
+    m = make(tiny(q_lora_rank=q_lora_rank))
+    torch.manual_seed(123)
+    x = torch.randn(2, 7, 48)
+    mask = _masks(2, 7)[mask_idx]
+    pos = torch.arange(5, 12)
+    explicit = m(x, mask, positions=pos, absorb=False)
+    absorbed = m(x, mask, positions=pos, absorb=True)
+    assert explicit.shape == (2, 7, 48)
+    assert torch.allclose(explicit, absorbed, atol=ATOL)
+    # the constructor flag picks the default path
+    m.absorb = True
+    assert torch.equal(m(x, mask, positions=pos), absorbed)
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+@pytest.mark.parametrize("q_lora_rank", [24, None])
+def test_cached_decode_equals_full_forward(absorb, q_lora_rank):
+    m = make(tiny(q_lora_rank=q_lora_rank), absorb=absorb)
+    torch.manual_seed(123)
+    x = torch.randn(2, 9, 48)
+    full = m(x, causal_mask(9), absorb=False)             # reference
+    cache = LayerKVCache()
+    out = [m(x[:, :4], causal_mask(4), cache=cache)]      # prefill 4
+    for t in range(4, 9):                                 # then 1 by 1
+        out.append(m(x[:, t:t + 1], causal_mask(1, t + 1), cache=cache))
+    assert torch.allclose(torch.cat(out, 1), full, atol=ATOL)
+    # the cache holds only c^KV (B, S, d_c) and k^R (B, 1, S, d_r)
+    c_kv, k_rope = cache.tensors
+    assert c_kv.shape == (2, 9, 32) and k_rope.shape == (2, 1, 9, 6)
+    assert cache.nbytes() == 2 * 9 * (32 + 6) * 4
+
+
+def test_cache_holds_normalised_latent_and_rotated_key():
+    m = make()
+    torch.manual_seed(123)
+    x = torch.randn(1, 5, 48)
+    cache = LayerKVCache()
+    m(x, causal_mask(5), cache=cache)
+    kv, k_rope = m.kv_a_proj_with_mqa(x).split([32, 6], dim=-1)
+    want_kv = m.kv_a_layernorm(kv)
+    want_rope = apply_rope(k_rope[:, None], torch.arange(5),
+                           interleaved=True)
+    assert torch.allclose(cache.tensors[0], want_kv, atol=1e-6)
+    assert torch.allclose(cache.tensors[1], want_rope, atol=1e-6)
+
+
+def test_output_depends_on_relative_positions_only():
+    m = make()
+    torch.manual_seed(123)
+    x = torch.randn(2, 6, 48)
+    mask = causal_mask(6)
+    a = m(x, mask, positions=torch.arange(6))
+    b = m(x, mask, positions=torch.arange(6) + 1000)      # shift all
+    c = m(x, mask, positions=torch.tensor([0, 1, 2, 3, 4, 50]))
+    assert torch.allclose(a, b, atol=1e-4)
+    assert not torch.allclose(a[:, -1], c[:, -1], atol=1e-3)
+    assert torch.allclose(a[:, :-1], c[:, :-1], atol=1e-6)  # causal
+
+
+def test_rope_layout_matters():
+    m = make()
+    m2 = make(tiny(rope_interleave=False))
+    m2.load_state_dict(m.state_dict())
+    torch.manual_seed(123)
+    x = torch.randn(1, 6, 48)
+    pos = torch.arange(6)
+    assert not torch.allclose(m(x, positions=pos), m2(x, positions=pos),
+                              atol=1e-4)
+
+
+# ---------------------------------------------- why RoPE blocks absorption
+def _head_scores(m, x, pos_q, pos_k, rope_on_content):
+    """Head-0 content scores q^C . k^C, explicitly and via one fixed
+    absorbed matrix M = W^{UQ,T} W^{UK} (d_c' x d_c)."""
+    c = m.config
+    cq = m.q_a_layernorm(m.q_a_proj(x))                   # (T, r_q)
+    ckv = m.kv_a_layernorm(m.kv_a_proj_with_mqa(x)[:, :c.kv_lora_rank])
+    w_uq = m.q_b_proj.weight.view(c.num_attention_heads, c.qk_head_dim,
+                                  -1)[0, :c.qk_nope_head_dim]  # (dn, r_q)
+    w_uk = m.up_weights()[0][0]                           # (dn, dc)
+    q, k = cq @ w_uq.T, ckv @ w_uk.T                      # (T, dn)
+    if rope_on_content:
+        q, k = apply_rope(q, pos_q), apply_rope(k, pos_k)
+    explicit = q @ k.T                                    # (T, T)
+    absorbed = cq @ (w_uq.T @ w_uk) @ ckv.T               # (T, T)
+    return explicit, absorbed
+
+
+def test_fixed_absorbed_matrix_fails_with_rope_on_content_keys():
+    m = make()
+    torch.manual_seed(123)
+    x = torch.randn(5, 48)
+    pos = torch.arange(5) + 3
+    e, a = _head_scores(m, x, pos, pos, rope_on_content=False)
+    assert torch.allclose(e, a, atol=ATOL)                # identity holds
+    e, a = _head_scores(m, x, pos, pos, rope_on_content=True)
+    off_diag = ~torch.eye(5, dtype=torch.bool)
+    # m = n: rotations cancel; m != n: no fixed matrix reproduces it
+    assert torch.allclose(e.diagonal(), a.diagonal(), atol=ATOL)
+    assert (e - a)[off_diag].abs().min() > 1e-4
+
+
+# ------------------------------------------------------------- DecoderLM
+def mla_lm(**kw):
+    cfg = DecoderLMConfig(vocab_size=37, d_model=48, n_heads=4, n_layers=2,
+                          max_len=64)
+    mla = tiny(**kw)
+    torch.manual_seed(123)
+    model = DecoderLM(cfg, attention_factory=lambda i:
+                      MultiHeadLatentAttention(mla)).eval()
+    return model, cfg, mla
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_decoder_lm_cached_equals_uncached(absorb):
+    model, cfg, mla = mla_lm()
+    for layer in model.layers:
+        layer.attention.absorb = absorb
+    torch.manual_seed(123)
+    ids = torch.randint(0, 37, (2, 30))
+    with torch.no_grad():
+        full = model(ids)                                 # (2, 30, V)
+        cache = KVCache(cfg.n_layers, max_len=cfg.max_len)
+        steps = [model(ids[:, :1], cache=cache)]          # prompt length 1
+        for t in range(1, 30):
+            steps.append(model(ids[:, t:t + 1], cache=cache))
+    assert torch.allclose(torch.cat(steps, 1), full, atol=ATOL)
+    # cache size == kv_cache_bytes for this MLA model (fp32: 4 bytes)
+    spec = SimpleNamespace(n_layers=cfg.n_layers, **vars(mla))
+    assert cache.nbytes() == 2 * kv_cache_bytes(spec, 30, bytes_per_value=4)
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5])
+def test_decoder_lm_greedy_generation_with_cache(prompt_len):
+    model, _, _ = mla_lm()
+    torch.manual_seed(7)
+    prompt = torch.randint(0, 37, (1, prompt_len))
+    a = generate(model, prompt, 30, use_cache=True, temperature=0.0)
+    b = generate(model, prompt, 30, use_cache=False, temperature=0.0)
+    assert a.shape == (1, prompt_len + 30)
+    assert torch.equal(a, b)
+
+
+# -------------------------------------------------------------- bad input
+def test_bad_inputs():
+    m = make()
+    x = torch.randn(2, 5, 48)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, "
+                       r"hidden_size=48\), got \(2, 5, 47\)"):
+        m(torch.randn(2, 5, 47))
+    with pytest.raises(ValueError, match=r"positions must be a tensor of "
+                       r"shape \(T,\) = \(5,\)"):
+        m(x, positions=torch.arange(4))
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        m(x, torch.ones(5, 5))
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 5\) does not"
+                       r" fit T=5 queries and S=5 keys"):
+        m(x, torch.ones(4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="cache must be a LayerKVCache"):
+        m(x, cache=KVCache(1))
+    cache = LayerKVCache(max_len=6)
+    m(x, cache=cache)
+    with pytest.raises(ValueError, match="cache overflow"):
+        m(x[:, :2], cache=cache)
+    with pytest.raises(ValueError, match="batch size 1 does not match"):
+        m(x[:1, :1], cache=cache)

@@ -1,0 +1,106 @@
+"""course_lib.mla against Hugging Face's DeepseekV3Attention (test-only
+reference; transformers is never imported by course_lib).
+
+Same state_dict keys (so released weights load by name), same outputs with
+copied weights, also at positions > 0 and through a cache."""
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from transformers.cache_utils import DynamicCache  # noqa: E402
+from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds  # noqa
+
+from course_lib.attention import causal_mask  # noqa: E402
+from course_lib.kv_cache import LayerKVCache  # noqa: E402
+from course_lib.mla import MLAConfig, MultiHeadLatentAttention  # noqa: E402
+from course_lib.positional import rope_permutation  # noqa: E402
+
+ATOL = 1e-5
+DIMS = dict(hidden_size=48, num_attention_heads=4, kv_lora_rank=32,
+            qk_nope_head_dim=8, qk_rope_head_dim=6, v_head_dim=10)
+
+
+def pair(q_lora_rank=24, ours_interleave=True, ref_interleave=True):
+    """(ours, reference, rotary embedding) with identical weights."""
+    torch.manual_seed(123)
+    ours = MultiHeadLatentAttention(MLAConfig(
+        **DIMS, q_lora_rank=q_lora_rank, rope_interleave=ours_interleave))
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if "layernorm" in name:
+                p.uniform_(0.5, 1.5)
+    hc = transformers.DeepseekV3Config(
+        **DIMS, q_lora_rank=q_lora_rank, num_key_value_heads=4,
+        head_dim=DIMS["qk_rope_head_dim"],  # RoPE acts on d_r dims
+        rope_interleave=ref_interleave)
+    hc._attn_implementation = "eager"
+    ref = ds.DeepseekV3Attention(hc, layer_idx=0).eval()
+    ref.load_state_dict(ours.state_dict())                # strict: same keys
+    return ours, ref, ds.DeepseekV3RotaryEmbedding(hc)
+
+
+def ref_forward(ref, rot, x, positions, cache=None):
+    B, T, _ = x.shape
+    cos, sin = rot(x, positions[None].expand(B, -1))
+    S = T + (cache.get_seq_length() if cache is not None else 0)
+    additive = torch.zeros(T, S).masked_fill(~causal_mask(T, S),
+                                             float("-inf"))
+    return ref(x, (cos, sin), additive[None, None], past_key_values=cache)[0]
+
+
+@pytest.mark.parametrize("q_lora_rank", [24, None])
+def test_state_dict_keys_and_shapes_match(q_lora_rank):
+    ours, ref, _ = pair(q_lora_rank)
+    a, b = ours.state_dict(), ref.state_dict()
+    assert set(a) == set(b)
+    assert all(a[k].shape == b[k].shape for k in a)
+    if q_lora_rank is None:
+        assert "q_proj.weight" in a and "q_a_proj.weight" not in a
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+@pytest.mark.parametrize("q_lora_rank", [24, None])
+def test_equals_reference_at_offset_positions(absorb, q_lora_rank):
+    ours, ref, rot = pair(q_lora_rank)
+    torch.manual_seed(123)
+    x = torch.randn(2, 7, 48)
+    pos = torch.arange(7) + 11                            # positions > 0
+    with torch.no_grad():
+        want = ref_forward(ref, rot, x, pos)
+        got = ours(x, causal_mask(7), positions=pos, absorb=absorb)
+    assert torch.allclose(got, want, atol=ATOL)
+
+
+def test_interleaved_pairs_are_what_the_released_layout_needs():
+    # rope_interleave=True (DeepSeek's layout) pairs dims (2i, 2i+1), i.e.
+    # apply_rope(..., interleaved=True); rotate-half pairs do not match.
+    torch.manual_seed(123)
+    x = torch.randn(1, 6, 48)
+    pos = torch.arange(6) + 3
+    with torch.no_grad():
+        ours, ref, rot = pair(ours_interleave=False, ref_interleave=True)
+        assert not torch.allclose(ours(x, positions=pos),
+                                  ref_forward(ref, rot, x, pos), atol=1e-3)
+        ours, ref, rot = pair(ours_interleave=False, ref_interleave=False)
+        assert torch.allclose(ours(x, causal_mask(6), positions=pos),
+                              ref_forward(ref, rot, x, pos), atol=ATOL)
+
+
+def test_cache_contents_and_decode_match_reference():
+    ours, ref, rot = pair()
+    torch.manual_seed(123)
+    x = torch.randn(2, 6, 48)
+    mine, theirs = LayerKVCache(), DynamicCache()
+    with torch.no_grad():
+        for lo, hi in ((0, 4), (4, 5), (5, 6)):           # prefill, decode
+            pos = torch.arange(lo, hi)
+            want = ref_forward(ref, rot, x[:, lo:hi], pos, cache=theirs)
+            got = ours(x[:, lo:hi], causal_mask(hi - lo, hi), cache=mine,
+                       absorb=True)
+            assert torch.allclose(got, want, atol=ATOL)
+    kv_ref, rope_ref = theirs.layers[0].keys, theirs.layers[0].values
+    c_kv, k_rope = mine.tensors
+    assert torch.allclose(c_kv[:, None], kv_ref, atol=1e-6)  # same latent
+    # Same rotated k^R; HF stores it de-interleaved (evens, then odds).
+    perm = rope_permutation(6)
+    assert torch.allclose(k_rope[..., perm], rope_ref, atol=1e-6)
