@@ -1,0 +1,216 @@
+"""Tests for course_lib.moe (chapter 11)."""
+import math
+
+import pytest
+import torch
+
+from course_lib.layers import SwiGLU
+from course_lib.models import DecoderLM, DecoderLMConfig
+from course_lib.moe import (MoE, MoEInfo, expected_fraction_touched,
+                            expert_capacity, moe_from_config)
+from course_lib.routing import DeepSeekV3Router, TopKRouter
+
+torch.manual_seed(123)
+
+
+def _moe(**kw):
+    torch.manual_seed(123)
+    args = dict(n_experts=8, top_k=2, d_expert=12)
+    args.update(kw)
+    return MoE(16, **args)
+
+
+def _v3_gate(**kw):
+    return DeepSeekV3Router(16, 8, 2, n_group=4, topk_group=2,
+                            routed_scaling_factor=2.5, **kw)
+
+
+@pytest.mark.parametrize("shared, v3, cf", [
+    (0, False, None), (2, False, None), (0, True, None), (2, True, 0.5),
+    (0, False, 0.5), (2, False, 1.25)])
+def test_vectorised_equals_loop(shared, v3, cf):
+    torch.manual_seed(123)
+    m = MoE(16, n_experts=8, top_k=2, d_expert=12, n_shared_experts=shared,
+            gate=_v3_gate() if v3 else None, capacity_factor=cf)
+    x = torch.randn(2, 5, 16)
+    y, info = m(x)
+    y_loop, dropped = m.forward_loop(x)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y, y_loop, atol=1e-5, rtol=1e-5)
+    assert info.dropped == dropped
+    if cf == 0.5:
+        assert dropped > 0
+
+
+def test_moe_by_hand_from_dense_gates():
+    """Independent form: out = sum_e gate[t, e] * expert_e(x_t) + shared."""
+    m = _moe(n_shared_experts=1)
+    x = torch.randn(10, 16)
+    y, info = m(x)
+    gates = info.routing.dense_gates()                       # (N, E)
+    allout = torch.stack([e(x) for e in m.experts], 1)       # (N, E, D)
+    expect = (gates[..., None] * allout).sum(1) + m.shared_experts(x)
+    torch.testing.assert_close(y, expect, atol=1e-6, rtol=1e-5)
+
+
+def test_worked_example_two_experts_mixed():
+    """Router probabilities [0.6, 0.3, 0.1], experts returning [3, 0],
+    [0, 6] and [9, 9]: top-2 output [2, 2]."""
+    m = MoE(2, n_experts=3, top_k=2, d_expert=2)
+    with torch.no_grad():
+        # logits log p reproduce the probabilities exactly through softmax;
+        # the input x = [1, 0] reads the first column of W
+        m.gate.weight.zero_()
+        m.gate.weight[:, 0] = torch.tensor([0.6, 0.3, 0.1]).log()
+    consts = [torch.tensor([3.0, 0.0]), torch.tensor([0.0, 6.0]),
+              torch.tensor([9.0, 9.0])]
+
+    class Const(torch.nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.c = c
+
+        def forward(self, x):
+            return self.c.expand(x.shape[0], 2)
+
+    m.experts = torch.nn.ModuleList(Const(c) for c in consts)
+    y, info = m(torch.tensor([[1.0, 0.0]]))
+    torch.testing.assert_close(info.probs, torch.tensor([[0.6, 0.3, 0.1]]))
+    torch.testing.assert_close(info.weights, torch.tensor([[2 / 3, 1 / 3]]))
+    torch.testing.assert_close(y, torch.tensor([[2.0, 2.0]]))
+
+
+def test_gradients_reach_only_chosen_experts():
+    m = _moe(n_experts=8, top_k=2)
+    x = torch.randn(2, 16)                        # 2 tokens: <= 4 experts
+    y, info = m(x)
+    y.sum().backward()
+    chosen = set(info.indices.flatten().tolist())
+    assert len(chosen) < 8
+    for e, expert in enumerate(m.experts):
+        g = expert.gate_proj.weight.grad
+        if e in chosen:
+            assert g is not None and g.abs().sum() > 0
+        else:
+            assert g is None or g.abs().sum() == 0
+    assert m.gate.weight.grad.abs().sum() > 0     # router learns via gates
+
+
+def test_dropped_slots_contribute_nothing_in_token_order():
+    m = _moe(n_experts=4, top_k=1, capacity_factor=1.6)  # C = 2 per expert
+    with torch.no_grad():
+        m.gate.weight.zero_()
+        m.gate.weight[2, 0] = 10.0                # all tokens -> expert 2
+    x = torch.randn(5, 16).abs()
+    y, info = m(x)
+    assert info.capacity == expert_capacity(5, 4, 1, 1.6) == 2
+    assert info.dropped == 3 and info.load.tolist() == [0, 0, 5, 0]
+    # the first two tokens (token order) were processed, the rest dropped
+    assert y[:2].abs().sum() > 0
+    torch.testing.assert_close(y[2:], torch.zeros(3, 16))
+
+
+def test_expert_capacity_formula():
+    assert expert_capacity(4096, 8, 2, 1.0) == 1024
+    assert expert_capacity(10, 3, 2, 1.25) == math.ceil(1.25 * 20 / 3)
+    with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+        expert_capacity(10, 3, 2, 0.0)
+
+
+def test_info_contents():
+    m = _moe()
+    y, info = m(torch.randn(2, 5, 16))
+    assert isinstance(info, MoEInfo)
+    assert info.indices.shape == (10, 2) and info.weights.shape == (10, 2)
+    assert info.probs.shape == (10, 8)
+    assert info.load.sum().item() == 20
+    assert info.aux_loss.requires_grad and info.aux_loss.item() >= 1 - 1e-6
+    assert info.dropped == 0 and info.capacity is None
+
+
+def test_parameter_counts_and_names():
+    m = MoE(16, n_experts=8, top_k=2, d_expert=12, n_shared_experts=2,
+            gate=_v3_gate())
+    D, E, F = 16, 8, 12
+    total = sum(p.numel() for p in m.parameters())
+    assert total == E * D + E * 3 * D * F + 3 * D * 2 * F
+    assert m.active_parameters() == E * D + 2 * 3 * D * F + 3 * D * 2 * F
+    keys = set(m.state_dict())
+    assert {"gate.weight", "gate.e_score_correction_bias",
+            "experts.7.down_proj.weight",
+            "shared_experts.up_proj.weight"} <= keys
+    assert m.shared_experts.up_proj.weight.shape == (2 * F, D)
+    assert isinstance(m.experts[0], SwiGLU)
+
+
+def test_expected_fraction_touched_matches_simulation():
+    torch.manual_seed(123)
+    E, k, n = 16, 2, 12
+    touched = []
+    for _ in range(2000):
+        idx = torch.rand(n, E).argsort(-1)[:, :k]
+        touched.append(idx.unique().numel() / E)
+    sim = sum(touched) / len(touched)
+    assert sim == pytest.approx(expected_fraction_touched(n, E, k), abs=0.01)
+    assert expected_fraction_touched(0, E, k) == 0.0
+
+
+def test_inside_decoder_lm_returns_infos_and_trains():
+    torch.manual_seed(123)
+    cfg = DecoderLMConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=3,
+                          max_len=16)
+
+    def ffn(i):
+        if i == 0:
+            return SwiGLU(16, 32)                 # dense first layer
+        return MoE(16, n_experts=4, top_k=2, d_expert=8, n_shared_experts=1,
+                   gate=DeepSeekV3Router(16, 4, 2))
+    model = DecoderLM(cfg, ffn_factory=ffn)
+    idx = torch.randint(0, 11, (2, 6))
+    logits, infos = model(idx, return_aux=True)
+    assert logits.shape == (2, 6, 11) and len(infos) == 2
+    assert all(i.indices.shape == (12, 2) for i in infos)
+    loss = logits.logsumexp(-1).mean() + 0.01 * sum(i.aux_loss for i in infos)
+    loss.backward()
+    assert model.layers[1].ffn.gate.weight.grad is not None
+    assert "layers.1.ffn.gate.e_score_correction_bias" in model.state_dict()
+
+
+def test_moe_from_config_reads_hf_names():
+    class Cfg:
+        hidden_size, n_routed_experts, num_experts_per_tok = 16, 8, 2
+        moe_intermediate_size, n_shared_experts = 12, 1
+        n_group, topk_group, routed_scaling_factor = 4, 2, 2.5
+        norm_topk_prob = True
+
+    m = moe_from_config(Cfg())
+    assert isinstance(m.gate, DeepSeekV3Router)
+    assert (m.gate.n_group, m.gate.topk_group) == (4, 2)
+    assert m.gate.routed_scaling_factor == 2.5
+    assert m.shared_experts.up_proj.weight.shape == (12, 16)
+
+    class Mixtral:
+        hidden_size, num_local_experts, num_experts_per_tok = 16, 8, 2
+        intermediate_size = 20
+
+    m2 = moe_from_config(Mixtral())
+    assert isinstance(m2.gate, TopKRouter) and m2.shared_experts is None
+    assert m2.experts[0].up_proj.weight.shape == (20, 16)
+    with pytest.raises(ValueError, match="config must have one of"):
+        moe_from_config(object())
+
+
+def test_moe_bad_input():
+    with pytest.raises(ValueError, match="gate must be a TopKRouter"):
+        MoE(16, n_experts=8, top_k=2, d_expert=4,
+            gate=TopKRouter(16, 8, 3))
+    with pytest.raises(ValueError, match="top_k must be <= n_experts=4"):
+        MoE(16, n_experts=4, top_k=5, d_expert=4)
+    with pytest.raises(ValueError, match="capacity_factor must be > 0"):
+        MoE(16, n_experts=4, top_k=2, d_expert=4, capacity_factor=-1.0)
+    with pytest.raises(ValueError, match="n_shared_experts must be >= 0"):
+        MoE(16, n_experts=4, top_k=2, d_expert=4, n_shared_experts=-1)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, T, 16\)"):
+        _moe()(torch.randn(3, 5, 15))
+    with pytest.raises(ValueError, match="top_k must be <= n_experts"):
+        expected_fraction_touched(3, 2, 3)

@@ -1,0 +1,251 @@
+"""Tests for course_lib.routing (chapter 11)."""
+import itertools
+
+import pytest
+import torch
+
+from course_lib.routing import (DeepSeekV3Router, Routing, TopKRouter,
+                                expert_load, group_limited_mask,
+                                load_balancing_loss, select_top_k,
+                                update_bias)
+
+torch.manual_seed(123)
+
+
+# ------------------------------------------------------------ top-k
+def test_notes_worked_example_top2_renormalised():
+    idx, w = select_top_k(torch.tensor([0.6, 0.3, 0.1]), 2)
+    assert idx.tolist() == [0, 1]
+    torch.testing.assert_close(w, torch.tensor([2 / 3, 1 / 3]))
+    # mixing expert outputs [3, 0] and [0, 6] with these gates -> [2, 2]
+    outs = torch.tensor([[3.0, 0.0], [0.0, 6.0], [50.0, 50.0]])
+    mixed = (w[:, None] * outs[idx]).sum(0)
+    torch.testing.assert_close(mixed, torch.tensor([2.0, 2.0]))
+
+
+def test_select_top_k_without_normalisation_keeps_raw_probs():
+    idx, w = select_top_k(torch.tensor([0.6, 0.3, 0.1]), 1, normalize=False)
+    assert idx.tolist() == [0] and w.tolist() == pytest.approx([0.6])
+
+
+def test_select_top_k_matches_brute_force():
+    torch.manual_seed(123)
+    probs = torch.rand(20, 6).softmax(-1)
+    k = 3
+    idx, w = select_top_k(probs, k)
+    for t in range(20):
+        # brute force: the subset of size k with the largest total
+        best = max(itertools.combinations(range(6), k),
+                   key=lambda s: sum(probs[t, list(s)]))
+        assert sorted(idx[t].tolist()) == sorted(best)
+        expect = probs[t, list(idx[t])] / probs[t, list(best)].sum()
+        torch.testing.assert_close(w[t], expect)
+    torch.testing.assert_close(w.sum(-1), torch.ones(20))
+
+
+def test_select_top_k_bad_input():
+    with pytest.raises(ValueError, match="k must be <= E=3, got 4"):
+        select_top_k(torch.rand(3), 4)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        select_top_k(torch.rand(3), 0)
+    with pytest.raises(ValueError, match="probs must be a tensor"):
+        select_top_k([0.5, 0.5], 1)
+
+
+# ------------------------------------------------------ softmax router
+def test_topk_router_is_softmax_then_topk():
+    torch.manual_seed(123)
+    r = TopKRouter(8, 5, 2)
+    x = torch.randn(2, 3, 8)
+    out = r(x)
+    assert isinstance(out, Routing)
+    assert out.indices.shape == (6, 2) and out.probs.shape == (6, 5)
+    logits = x.reshape(6, 8) @ r.weight.T
+    torch.testing.assert_close(out.logits, logits)
+    p = torch.softmax(logits, -1)
+    torch.testing.assert_close(out.probs, p)
+    top = p.topk(2, -1)
+    assert torch.equal(out.indices, top.indices)
+    torch.testing.assert_close(out.weights,
+                               top.values / top.values.sum(-1, keepdim=True))
+    dense = out.dense_gates()
+    assert (dense > 0).sum(-1).tolist() == [2] * 6
+    torch.testing.assert_close(dense.sum(-1), torch.ones(6))
+
+
+def test_topk_router_bad_input():
+    with pytest.raises(ValueError, match="top_k must be <= n_experts=4"):
+        TopKRouter(8, 4, 5)
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 8\)"):
+        TopKRouter(8, 4, 2)(torch.randn(3, 7))
+
+
+# ------------------------------------------------------ DeepSeek-V3
+def _v3(E=8, k=2, **kw):
+    torch.manual_seed(123)
+    return DeepSeekV3Router(6, E, k, **kw)
+
+
+def test_v3_router_equations():
+    r = _v3(routed_scaling_factor=2.5)
+    x = torch.randn(10, 6)
+    out = r(x)
+    s = torch.sigmoid(x @ r.weight.T)
+    torch.testing.assert_close(out.scores, s)
+    idx = s.topk(2, -1).indices
+    assert torch.equal(out.indices, idx)
+    g = s.gather(1, idx)
+    torch.testing.assert_close(out.weights,
+                               2.5 * g / g.sum(-1, keepdim=True))
+    torch.testing.assert_close(out.probs, s / s.sum(-1, keepdim=True))
+
+
+def test_v3_bias_changes_choice_but_not_gate_values():
+    r = _v3(E=4, k=1)
+    x = torch.randn(50, 6)
+    before = r(x)
+    # a large bias on expert 3 makes every token choose it ...
+    r.e_score_correction_bias.copy_(torch.tensor([0.0, 0.0, 0.0, 5.0]))
+    after = r(x)
+    assert (after.indices == 3).all()
+    assert not (before.indices == 3).all()
+    # ... but the scores the gates come from are unchanged (unbiased s)
+    torch.testing.assert_close(after.scores, before.scores)
+    rn = _v3(E=4, k=2, norm_topk_prob=False)
+    rn.e_score_correction_bias.copy_(torch.tensor([0.0, 0.0, 3.0, 5.0]))
+    o = rn(x)
+    torch.testing.assert_close(o.weights, o.scores.gather(1, o.indices))
+    assert set(o.indices.flatten().tolist()) == {2, 3}
+
+
+def test_v3_bias_is_a_buffer_not_a_parameter():
+    r = _v3()
+    names = [n for n, _ in r.named_parameters()]
+    assert names == ["weight"]
+    assert "e_score_correction_bias" in r.state_dict()
+    x = torch.randn(5, 6)
+    r(x).weights.sum().backward()
+    assert r.e_score_correction_bias.grad is None
+    assert r.weight.grad is not None
+
+
+def test_group_limited_routing_stays_in_chosen_groups():
+    torch.manual_seed(123)
+    r = DeepSeekV3Router(6, 16, 4, n_group=4, topk_group=2)
+    r.e_score_correction_bias.normal_(0, 0.1)
+    x = torch.randn(200, 6)
+    out = r(x)
+    choice = out.scores + r.e_score_correction_bias
+    groups = choice.view(200, 4, 4)
+    gscore = groups.topk(2, -1).values.sum(-1)               # (N, G)
+    for t in range(200):
+        kept = set(gscore[t].topk(2).indices.tolist())
+        used = {e // 4 for e in out.indices[t].tolist()}
+        assert used <= kept
+        # and the choice is the top-4 of the eligible experts
+        eligible = [e for e in range(16) if e // 4 in kept]
+        best = sorted(eligible, key=lambda e: -choice[t, e])[:4]
+        assert sorted(out.indices[t].tolist()) == sorted(best)
+
+
+def test_group_limited_mask_example():
+    scores = torch.tensor([[0.9, 0.1, 0.2, 0.3, 0.5, 0.5]])
+    m = group_limited_mask(scores, n_group=3, topk_group=1)
+    # group sums of top-2: 1.0, 0.5, 1.0 -> first of the tied maximum kept
+    assert m.sum().item() == 2
+    m2 = group_limited_mask(scores, n_group=3, topk_group=2)
+    assert m2.tolist() == [[True, True, False, False, True, True]]
+    with pytest.raises(ValueError, match="n_group must divide E=6, got 4"):
+        group_limited_mask(scores, n_group=4, topk_group=1)
+    with pytest.raises(ValueError, match="topk_group must be <= n_group=3"):
+        group_limited_mask(scores, n_group=3, topk_group=4)
+
+
+def test_v3_router_bad_input():
+    with pytest.raises(ValueError, match="n_group must divide"):
+        DeepSeekV3Router(6, 8, 2, n_group=3)
+    with pytest.raises(ValueError, match="top_k must be <= experts in the"):
+        DeepSeekV3Router(6, 8, 3, n_group=4, topk_group=1)
+    with pytest.raises(ValueError, match="routed_scaling_factor must be > 0"):
+        DeepSeekV3Router(6, 8, 2, routed_scaling_factor=0.0)
+
+
+# ------------------------------------------------------------ balancing
+def test_expert_load_counts_slots():
+    idx = torch.tensor([[0, 1], [1, 2], [1, 0]])
+    assert expert_load(idx, 4).tolist() == [2, 3, 1, 0]
+    with pytest.raises(ValueError, match=r"indices must lie in \[0, 2\)"):
+        expert_load(idx, 2)
+    with pytest.raises(ValueError, match="indices must be a long tensor"):
+        expert_load(idx.float(), 4)
+
+
+def test_load_balancing_loss_hand_computed():
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3]])
+    idx = torch.tensor([[0, 1], [1, 2]])
+    # f = [1, 2, 1] / 4 ; P = [0.4, 0.4, 0.2]
+    expect = 3 * (0.25 * 0.4 + 0.5 * 0.4 + 0.25 * 0.2)
+    assert load_balancing_loss(probs, idx, 3).item() == pytest.approx(expect)
+    # top-1, everything on expert 0 with probability 1: loss = E
+    p1 = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    i1 = torch.tensor([[0], [0]])
+    assert load_balancing_loss(p1, i1, 2).item() == pytest.approx(2.0)
+
+
+def test_load_balancing_loss_is_one_for_uniform_router():
+    torch.manual_seed(123)
+    E = 8
+    probs = torch.full((64, E), 1 / E)
+    for k in (1, 2, 3):
+        idx = torch.stack([torch.randperm(E)[:k] for _ in range(64)])
+        assert load_balancing_loss(probs, idx, E).item() == pytest.approx(1.0)
+
+
+def test_load_balancing_loss_per_sequence_mean_and_gradient():
+    torch.manual_seed(123)
+    logits = torch.randn(2, 5, 4, requires_grad=True)
+    probs = logits.softmax(-1)
+    idx = probs.topk(2, -1).indices
+    loss = load_balancing_loss(probs, idx, 4)
+    each = [load_balancing_loss(probs[b], idx[b], 4) for b in range(2)]
+    torch.testing.assert_close(loss, (each[0] + each[1]) / 2)
+    loss.backward()
+    assert logits.grad.abs().sum() > 0
+
+
+def test_load_balancing_loss_bad_input():
+    with pytest.raises(ValueError, match=r"probs must have shape \(N, 3\)"):
+        load_balancing_loss(torch.rand(4, 2), torch.zeros(4, 1).long(), 3)
+    with pytest.raises(ValueError, match="indices must be a long tensor"):
+        load_balancing_loss(torch.rand(4, 3), torch.zeros(5, 1).long(), 3)
+
+
+def test_update_bias_sign_rule():
+    b = torch.zeros(4)
+    load = torch.tensor([10, 2, 4, 4])            # mean 5
+    new = update_bias(b, load, gamma=0.1)
+    torch.testing.assert_close(new, torch.tensor([-0.1, 0.1, 0.1, 0.1]))
+    assert b.tolist() == [0.0] * 4                 # input not modified
+    balanced = update_bias(b, torch.tensor([3, 3, 3, 3]), gamma=0.1)
+    assert balanced.tolist() == [0.0] * 4
+
+
+def test_router_update_bias_in_place_rebalances():
+    torch.manual_seed(123)
+    r = DeepSeekV3Router(6, 4, 1)
+    with torch.no_grad():
+        r.weight[0] += 2.0                          # expert 0 dominates
+    x = torch.randn(256, 6).abs()
+    first = expert_load(r(x).indices, 4)
+    for _ in range(300):
+        r.update_bias(expert_load(r(x).indices, 4), gamma=0.01)
+    last = expert_load(r(x).indices, 4)
+    assert first.max() > 2 * last.max()
+    assert r.e_score_correction_bias[0] < 0
+
+
+def test_update_bias_bad_input():
+    with pytest.raises(ValueError, match="gamma must be >= 0, got -1"):
+        update_bias(torch.zeros(3), torch.zeros(3), gamma=-1.0)
+    with pytest.raises(ValueError, match=r"load must have shape \(3,\)"):
+        update_bias(torch.zeros(3), torch.zeros(4), gamma=0.1)
