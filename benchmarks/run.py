@@ -24,6 +24,9 @@ from nbclient import NotebookClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from page_weight import page_weight, shared_bytes  # noqa: E402
+import kv_cache_bench  # noqa: E402
+import mla_bench  # noqa: E402
+import moe_bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results.md"
@@ -161,6 +164,9 @@ def main() -> int:
     lines += rnn_vs_attention_rows()
     lines += attention_rows()
     lines += training_rows()
+    for bench in (kv_cache_bench, mla_bench, moe_bench):
+        lines += bench.rows()
+        print(f"{bench.__name__}: done", flush=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
     return 0 if ok else 1

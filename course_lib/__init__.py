@@ -18,6 +18,13 @@ One module per concept; each chapter imports its module and shows its code.
 - ``data``, ``training``: a toy translation task, a synthetic language with
   an exact entropy rate, and the training loop (chapter 7)
 - ``sampling``: temperature, top-k, top-p and generation (chapter 8)
+- ``kv_cache``, ``decoding``: the KV cache, cached generation, prefix
+  reuse, cache sizes and the cost of prefill vs decode (chapter 9)
+- ``mla``: multi-head latent attention, explicit and absorbed (chapter 10)
+- ``routing``, ``moe``: top-k and DeepSeek-V3 routers, load balancing, and
+  the mixture-of-experts layer (chapter 11)
+- ``model_configs``, ``params``: published configurations and analytic
+  parameter counts, total and active (chapter 12)
 """
 
 __version__ = "0.1.0"
