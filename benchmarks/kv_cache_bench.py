@@ -19,7 +19,7 @@ LENGTHS = (128, 512, 1024)
 # Small enough that the uncached 1024-token run stays well under a minute
 # on a 2-core CPU, big enough that per-step compute, not Python overhead,
 # dominates the uncached runs.
-CONFIG = DecoderLMConfig(vocab_size=256, d_model=64, n_heads=4, n_layers=2,
+CONFIG = DecoderLMConfig(vocab_size=256, d_model=128, n_heads=4, n_layers=4,
                          max_len=PROMPT_LEN + max(LENGTHS))
 
 
