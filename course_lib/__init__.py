@@ -23,8 +23,9 @@ One module per concept; each chapter imports its module and shows its code.
 - ``mla``: multi-head latent attention, explicit and absorbed (chapter 10)
 - ``routing``, ``moe``: top-k and DeepSeek-V3 routers, load balancing, and
   the mixture-of-experts layer (chapter 11)
-- ``model_configs``, ``params``: published configurations and analytic
-  parameter counts, total and active (chapter 12)
+- ``model_configs``, ``params``, ``build``: published configurations,
+  analytic parameter counts (total and active), and the course model
+  built from a configuration (chapter 12)
 """
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""Tests for course_lib.params and course_lib.model_configs (chapter 12).
+"""Tests for course_lib.params, course_lib.model_configs and
+course_lib.build (chapter 12).
 
 References: the published figures, closed forms written out by hand, and
 ``sum(p.numel())`` of the course_lib model built from shrunken configs.
@@ -12,8 +13,9 @@ import torch
 from course_lib.model_configs import (DEEPSEEK_V3, GPT2_SMALL, KIMI_K2,
                                       LLAMA2_7B, MIXTRAL_8X7B, PUBLISHED,
                                       ModelConfig)
+from course_lib.build import build_small_model
 from course_lib.params import (BYTES_PER_PARAM, attention_params,
-                               build_small_model, count_parameters,
+                               count_parameters,
                                dense_ffn_params, embedding_params,
                                expert_params, lm_head_params,
                                mla_attention_params, moe_layer_params,

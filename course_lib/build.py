@@ -1,0 +1,103 @@
+r"""Build the course's model for a configuration of a published model.
+
+:func:`build_small_model` turns a (shrunken)
+:class:`~course_lib.model_configs.ModelConfig` into a
+:class:`~course_lib.models.DecoderLM` made of the course's modules:
+grouped-query or multi-head latent attention (chapter 10), dense FFNs and
+mixture-of-experts layers (chapter 11). Its parameter count must equal
+the closed form of :func:`course_lib.params.count_parameters`, which is
+how chapter 12's formulas are tested against real modules.
+
+Introduced in chapter 12.
+"""
+from __future__ import annotations
+
+from .layers import FeedForward, SwiGLU
+from .mla import MLAConfig, MultiHeadLatentAttention
+from .model_configs import ModelConfig
+from .models import DecoderLM, DecoderLMConfig
+from .moe import MoE
+from .params import _check, _head_dim, count_parameters
+from .routing import DeepSeekV3Router, TopKRouter
+
+__all__ = ["build_small_model"]
+
+
+def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
+    r"""Build the course_lib model that ``config`` describes, so that
+    ``sum(p.numel())`` can be checked against :func:`count_parameters`.
+
+    A :class:`~course_lib.models.DecoderLM` with the config's shapes;
+    ``attention_factory`` gives every layer a
+    :class:`~course_lib.mla.MultiHeadLatentAttention` for an MLA config,
+    and ``ffn_factory`` gives layers $\ge$ ``first_k_dense_replace`` an
+    :class:`~course_lib.moe.MoE` (DeepSeek-V3 router for
+    ``scoring_func="sigmoid"``, softmax top-$k$ otherwise) and the first
+    ones a dense SwiGLU. Only shrunken configs fit in memory.
+
+    Args:
+        config: a ModelConfig whose biases are all on (GPT-2) or all off,
+            with ``head_dim`` None or $D/H$.
+        max_params: refuse to build more than this many parameters.
+
+    Returns:
+        A ``DecoderLM``.
+
+    Introduced in chapter 12.
+    """
+    c = _check(config)
+    total = count_parameters(c).total
+    if total > max_params:
+        raise ValueError(f"config {c.name!r} has {total:,} parameters, more "
+                         f"than max_params={max_params:,}: shrink it first")
+    bias = c.attention_bias
+    if c.mlp_bias != bias or (c.norm == "layer") != bias:
+        raise ValueError(f"build_small_model needs attention_bias, mlp_bias "
+                         f"and a LayerNorm all on or all off, got "
+                         f"attention_bias={bias}, mlp_bias={c.mlp_bias}, "
+                         f"norm={c.norm!r}")
+    D, H = c.hidden_size, c.num_attention_heads
+    if not c.is_mla and _head_dim(c) * H != D:
+        raise ValueError(f"head_dim must be None or hidden_size / heads = "
+                         f"{D // H}, got {c.head_dim}")
+    swiglu = c.hidden_act == "silu"
+    lm_cfg = DecoderLMConfig(
+        vocab_size=c.vocab_size, d_model=D, n_heads=H,
+        n_kv_heads=c.num_key_value_heads, n_layers=c.num_hidden_layers,
+        d_ff=max(c.intermediate_size, 1),
+        max_len=c.max_position_embeddings, positions=c.position,
+        norm=c.norm, ffn="swiglu" if swiglu else "gelu", bias=bias,
+        tie_embeddings=c.tie_word_embeddings)
+
+    mla = None
+    if c.is_mla:
+        mla = MLAConfig(
+            hidden_size=D, num_attention_heads=H, q_lora_rank=c.q_lora_rank,
+            kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
+            qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
+            attention_bias=c.attention_bias)
+
+    def make_attention(i: int):
+        return MultiHeadLatentAttention(mla)
+
+    def make_ffn(i: int):
+        E, k = c.n_routed_experts, c.num_experts_per_tok
+        if i < c.first_k_dense_replace:
+            return SwiGLU(D, c.intermediate_size) if swiglu else \
+                FeedForward(D, c.intermediate_size, activation="gelu",
+                            bias=c.mlp_bias)
+        if c.scoring_func == "sigmoid":
+            gate = DeepSeekV3Router(
+                D, E, k, n_group=c.n_group or 1,
+                topk_group=c.topk_group or 1,
+                routed_scaling_factor=c.routed_scaling_factor,
+                norm_topk_prob=c.norm_topk_prob)
+        else:
+            gate = TopKRouter(D, E, k, normalize=c.norm_topk_prob)
+        return MoE(D, n_experts=E, top_k=k,
+                   d_expert=c.moe_intermediate_size,
+                   n_shared_experts=c.n_shared_experts, gate=gate)
+
+    return DecoderLM(lm_cfg,
+                     attention_factory=make_attention if c.is_mla else None,
+                     ffn_factory=make_ffn if c.is_moe else None)
