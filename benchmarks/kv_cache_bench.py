@@ -12,7 +12,7 @@ import torch
 from course_lib.decoding import decode_throughput
 from course_lib.kv_cache import kv_cache_bytes
 from course_lib.models import (DecoderLM, DecoderLMConfig,
-                               count_parameters)
+                               num_parameters)
 
 PROMPT_LEN = 16
 LENGTHS = (128, 512, 1024)
@@ -30,7 +30,7 @@ def rows() -> list[str]:
     c = CONFIG
     out = ["", "## Chapter 9: decoding with vs without the KV cache (CPU, "
            "batch 1, greedy, one run)", "",
-           f"DecoderLM with {count_parameters(model):,} parameters "
+           f"DecoderLM with {num_parameters(model):,} parameters "
            f"(d_model={c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
            f"RoPE, SwiGLU, vocab {c.vocab_size}), prompt of {PROMPT_LEN} "
            f"tokens; fp32 cache of "

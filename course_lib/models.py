@@ -38,12 +38,17 @@ from .mha import MultiHeadAttention, mha_param_count
 from .positional import sinusoidal_encoding
 
 __all__ = ["TransformerConfig", "Transformer", "greedy_decode",
-           "DecoderLMConfig", "DecoderLM", "count_parameters",
+           "DecoderLMConfig", "DecoderLM", "num_parameters",
            "transformer_param_count", "decoder_lm_param_count"]
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Distinct parameter scalars (a tied matrix counts once); chapter 6."""
+def num_parameters(model: nn.Module) -> int:
+    """Distinct parameter scalars of a built model (a tied matrix counts
+    once). Chapter 12's :func:`course_lib.params.count_parameters`
+    computes the same number from a configuration, without building.
+
+    Introduced in chapter 6.
+    """
     return sum(p.numel() for p in model.parameters())
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from course_lib.attention import causal_mask
 from course_lib.models import (DecoderLM, DecoderLMConfig, Transformer,
-                               TransformerConfig, count_parameters,
+                               TransformerConfig, num_parameters,
                                decoder_lm_param_count, greedy_decode,
                                transformer_param_count)
 from course_lib.positional import sinusoidal_encoding
@@ -39,14 +39,14 @@ def test_gpt2_small_has_124439808_parameters():
     assert decoder_lm_param_count(cfg) == 124_439_808
     with torch.device("meta"):                   # no memory, no init cost
         model = DecoderLM(cfg)
-    assert count_parameters(model) == 124_439_808
+    assert num_parameters(model) == 124_439_808
 
 
 def test_base_transformer_count():
     cfg = TransformerConfig()
     with torch.device("meta"):
         model = Transformer(cfg)
-    n = count_parameters(model)
+    n = num_parameters(model)
     assert n == transformer_param_count(cfg) == 63_082_496
     assert abs(n - 65e6) / 65e6 < 0.04           # the paper's "65M"
     untied = TransformerConfig(share_src_tgt_embeddings=False,
@@ -61,7 +61,7 @@ def test_base_transformer_count():
 def test_decoder_lm_count_formula(kw):
     cfg = DecoderLMConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2,
                           max_len=16, **kw)
-    assert count_parameters(DecoderLM(cfg)) == decoder_lm_param_count(cfg)
+    assert num_parameters(DecoderLM(cfg)) == decoder_lm_param_count(cfg)
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(tie_embeddings=False),
@@ -70,7 +70,7 @@ def test_transformer_count_formula(kw):
     cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=30,
                             d_model=32, n_heads=4, d_ff=64, n_layers=2,
                             max_len=40, **kw)
-    assert count_parameters(Transformer(cfg)) == transformer_param_count(cfg)
+    assert num_parameters(Transformer(cfg)) == transformer_param_count(cfg)
 
 
 def test_swiglu_default_width():
