@@ -132,8 +132,8 @@ class RoPEAttention(MultiHeadAttention):
     included); after the projections, each head's queries and keys are
     rotated by :func:`~course_lib.positional.apply_rope` (never the
     values). Uses the "rotate half" pairing $(i, i + d_k/2)$ of the
-    Llama code. ``positions`` (T,) default to $0, \dots, T-1$; a KV cache
-    (chapter 9) passes the absolute positions of the new tokens.
+    Llama code. ``positions`` (T,) default to $0, \dots, T-1$, or with a
+    KV cache (chapter 9) to the $T$ positions after the cached ones.
 
     Introduced in chapter 6.
     """
@@ -157,7 +157,9 @@ class RoPEAttention(MultiHeadAttention):
         self._inputs(x, None)
         B, T, D = x.shape
         if positions is None:
-            positions = torch.arange(T, device=x.device)     # (T,)
+            # the T positions after those already cached (0.. without one)
+            past = len(cache) if cache is not None else 0
+            positions = torch.arange(past, past + T, device=x.device)  # (T,)
         q = split_heads(self.q_proj(x), self.n_heads)        # (B, H, T, d_k)
         k = split_heads(self.k_proj(x), self.n_kv_heads)     # (B, G, T, d_k)
         v = split_heads(self.v_proj(x), self.n_kv_heads)     # (B, G, T, d_k)

@@ -380,3 +380,22 @@ def test_forward_cost_prefill_vs_decode_intensity():
         decoding.forward_cost(llama, new_tokens=0)
     with pytest.raises(ValueError, match="bytes_per_value must be > 0"):
         decoding.forward_cost(llama, new_tokens=1, bytes_per_value=0)
+
+
+def test_rope_attention_alone_continues_cache_positions():
+    # Called directly (not through DecoderLM) with a cache and no
+    # positions, RoPEAttention must rotate the new token by its true
+    # position, so one-at-a-time equals all-at-once.
+    from course_lib.attention import causal_mask
+    from course_lib.blocks import RoPEAttention
+    from course_lib.kv_cache import LayerKVCache
+    torch.manual_seed(123)
+    attn = RoPEAttention(32, 4, n_kv_heads=2).eval()
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        full = attn(x, causal_mask(6))
+        cache = LayerKVCache()
+        steps = [attn(x[:, t:t + 1], causal_mask(1, t + 1), cache=cache)
+                 for t in range(6)]
+    torch.testing.assert_close(torch.cat(steps, 1), full,
+                               atol=1e-5, rtol=1e-5)
