@@ -43,15 +43,9 @@ __all__ = ["prefill", "generate", "decode_throughput", "forward_cost"]
 
 
 def _check_prompt(prompt_ids) -> torch.Tensor:
-    """Validate ids (T0,) or (B, T0); return them as (B, T0) int64."""
-    if not isinstance(prompt_ids, torch.Tensor) \
-            or prompt_ids.dtype.is_floating_point or prompt_ids.is_complex() \
-            or prompt_ids.dtype == torch.bool:
-        raise ValueError(f"prompt_ids must be an integer tensor, got "
-                         f"{getattr(prompt_ids, 'dtype', type(prompt_ids))}")
-    if prompt_ids.dim() not in (1, 2) or prompt_ids.shape[-1] < 1:
-        raise ValueError(f"prompt_ids must have shape (T0,) or (B, T0) with "
-                         f"T0 >= 1, got {tuple(prompt_ids.shape)}")
+    """Validate ids (T0,) or (B, T0) as chapter 8's generate does; return
+    them as (B, T0) int64."""
+    sampling._check_ids("prompt_ids", prompt_ids)
     return prompt_ids.reshape(-1, prompt_ids.shape[-1]).long()  # (B, T0)
 
 

@@ -240,7 +240,8 @@ def test_generate_bad_input():
         generate(lm, prompt, 2, cache=[])
     with pytest.raises(ValueError, match="integer tensor"):
         generate(lm, prompt.float(), 2)
-    with pytest.raises(ValueError, match="T0 >= 1"):
+    with pytest.raises(ValueError, match=r"prompt_ids must have shape "
+                       r"\(T,\) or \(B, T\) with T >= 1"):
         generate(lm, prompt[:, :0], 2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(lm, prompt, -1)
