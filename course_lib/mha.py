@@ -38,7 +38,7 @@ from .kv_cache import LayerKVCache
 from .validation import check_int
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv",
-           "mha_param_count"]
+           "mask_to_4d", "mha_param_count"]
 
 
 def _check_heads(d_model, n_heads, n_kv_heads) -> int:
@@ -159,6 +159,37 @@ def mha_param_count(*, d_model: int, n_heads: int,
     return n
 
 
+def mask_to_4d(mask, B: int, H: int, T: int, S: int):
+    """Bring a boolean mask (True = may attend) to 4-D (.., .., T, S),
+    checking that it broadcasts to ``(B, H, T, S)``.
+
+    A 3-D mask is read as per-example, (B, T, S) or (B, 1, S), so it
+    gains a head axis at 1: broadcasting it as-is would align its batch
+    axis with the head axis. ``None`` passes through.
+
+    Introduced in chapter 5.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        kind = getattr(mask, "dtype", type(mask).__name__)
+        raise ValueError(f"mask must be a bool tensor (True = may "
+                         f"attend), got {kind}")
+    target, shape = (B, H, T, S), tuple(mask.shape)
+    m4 = mask[:, None] if mask.dim() == 3 else mask      # (B, 1, T|1, S)
+    try:
+        ok = m4.dim() in (2, 4) and \
+            torch.broadcast_shapes(m4.shape, target) == target
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"mask of shape {shape} does not broadcast to (B, H, T, S) "
+            f"= {target}; expected (T, S), (B, 1, S), (B, T, S) or "
+            f"(B, H, T, S)")
+    return m4
+
+
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention with optional grouped K/V heads.
 
@@ -215,31 +246,8 @@ class MultiHeadAttention(nn.Module):
         return context
 
     def _mask4d(self, mask, B: int, T: int, S: int):
-        """Bring a boolean mask (True = may attend) to 4-D (.., .., T, S).
-
-        A 3-D mask is read as per-example, (B, T, S) or (B, 1, S), so it
-        gains a head axis at 1: broadcasting it as-is would align its
-        batch axis with the head axis.
-        """
-        if mask is None:
-            return None
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-            kind = getattr(mask, "dtype", type(mask).__name__)
-            raise ValueError(f"mask must be a bool tensor (True = may "
-                             f"attend), got {kind}")
-        target, shape = (B, self.n_heads, T, S), tuple(mask.shape)
-        m4 = mask[:, None] if mask.dim() == 3 else mask  # (B, 1, T|1, S)
-        try:
-            ok = m4.dim() in (2, 4) and \
-                torch.broadcast_shapes(m4.shape, target) == target
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"mask of shape {shape} does not broadcast to (B, H, T, S) "
-                f"= {target}; expected (T, S), (B, 1, S), (B, T, S) or "
-                f"(B, H, T, S)")
-        return m4
+        """:func:`mask_to_4d` for this module's ``n_heads``."""
+        return mask_to_4d(mask, B, self.n_heads, T, S)
 
     # ----------------------------------------------------------- forward
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,

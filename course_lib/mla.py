@@ -46,6 +46,7 @@ from torch import nn
 from .attention import scaled_dot_product_attention
 from .kv_cache import LayerKVCache
 from .layers import RMSNorm
+from .mha import mask_to_4d
 from .positional import apply_rope
 from .validation import check_int, check_real
 
@@ -144,27 +145,6 @@ def mla_param_count(config: MLAConfig) -> int:
     o = H * c.v_head_dim * D
     bias = (r or 0) + c.kv_lora_rank + c.qk_rope_head_dim + D
     return q + kv + o + (bias if c.attention_bias else 0)
-
-
-def _mask4d(mask, B: int, T: int, S: int):
-    """A bool mask (True = may attend) as (T, S) or 4-D: (B, T, S) and
-    (B, 1, S) gain a head axis so batch never aligns with heads."""
-    if mask is None:
-        return None
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a bool tensor (True = may attend), "
-                         f"got {getattr(mask, 'dtype', type(mask).__name__)}")
-    m = mask[:, None] if mask.dim() == 3 else mask       # (B, 1, T|1, S)
-    try:
-        ok = m.dim() in (2, 4) and torch.broadcast_shapes(
-            m.shape, (B, 1, T, S)) == (B, 1, T, S)
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not fit "
-                         f"T={T} queries and S={S} keys; expected (T, S), "
-                         f"(B, T, S), (B, 1, S) or (B, 1, T, S)")
-    return m
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -289,7 +269,7 @@ class MultiHeadLatentAttention(nn.Module):
         if cache is not None:
             kv, k_rope = cache.update(kv, k_rope)  # (B,S,dc) (B,1,S,dr)
         S = kv.shape[1]
-        mask = _mask4d(mask, B, T, S)
+        mask = mask_to_4d(mask, B, 1, T, S)  # one mask for all heads
         w_uk, w_uv = self.up_weights()              # (H,dn,dc) (H,dv,dc)
 
         if not absorb:

@@ -263,7 +263,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="mask must be a bool tensor"):
         m(x, torch.ones(5, 5))
     with pytest.raises(ValueError, match=r"mask of shape \(4, 5\) does not"
-                       r" fit T=5 queries and S=5 keys"):
+                       r" broadcast to \(B, H, T, S\) = \(2, 1, 5, 5\)"):
         m(x, torch.ones(4, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="cache must be a LayerKVCache"):
         m(x, cache=KVCache(1))
