@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from course_lib.attention import causal_mask
+from course_lib.masking import causal_mask
 from course_lib.kv_cache import LayerKVCache
 from course_lib.mla import MLAConfig, MultiHeadLatentAttention
 from course_lib.timing import best_time

@@ -18,7 +18,6 @@ Introduced in chapter 3.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -27,35 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from .timing import best_time
-from .validation import check_int, check_real
+from .validation import check_bool_mask, check_int, check_real
 
-__all__ = ["scaled_dot_product_attention", "causal_mask", "padding_mask",
-           "sliding_window_mask", "combine_masks", "softmax_jacobian",
+__all__ = ["scaled_dot_product_attention", "softmax_jacobian",
            "score_variance_mc", "saturation_stats", "SaturationStats",
            "attention_weights_bytes", "time_attention", "AttentionTiming"]
 
 
 # --------------------------------------------------------------- checks
-def _check_lengths(lengths, *, minimum: int) -> list[int]:
-    # 1-D tensors and NumPy arrays become lists (`not array` is ambiguous).
-    if getattr(lengths, "ndim", None) == 1 and hasattr(lengths, "tolist"):
-        lengths = lengths.tolist()
-    if isinstance(lengths, str) or hasattr(lengths, "ndim") or \
-            len(lengths) == 0:
-        raise ValueError(f"lengths must be a non-empty list or 1-D tensor "
-                         f"of ints, got {lengths!r:.60}")
-    for n in lengths:
-        check_int("each of lengths", n, minimum=minimum)
-    return list(lengths)
-
-
-def _check_bool(name: str, mask) -> None:
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask)
-        raise ValueError(f"{name} must be a bool tensor (True = may attend)"
-                         f", got {got}")
-
-
 def _check_inputs(q, k, v, mask, scale) -> float:
     """Validate q, k, v, mask and scale; return the scale to use."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -75,7 +53,7 @@ def _check_inputs(q, k, v, mask, scale) -> float:
     except RuntimeError:
         raise ValueError(f"leading dims do not broadcast: {shapes}") from None
     if mask is not None:
-        _check_bool("mask", mask)
+        check_bool_mask("mask", mask)
         # The mask must broadcast *to* the scores and never enlarge them
         # (that would silently apply the wrong mask per batch element).
         scores = torch.Size((*batch, q.shape[-2], k.shape[-2]))
@@ -146,110 +124,6 @@ def scaled_dot_product_attention(
     # 4) out = A V: each output row is a weighted average of value rows.
     out = weights @ v                                      # (..., Lq, d_v)
     return (out, weights) if return_weights else out
-
-
-# ----------------------------------------------------------------- masks
-def causal_mask(q_len: int, k_len: int | None = None, *,
-                device: torch.device | str | None = None) -> torch.Tensor:
-    r"""Causal mask aligned to the end of the keys: (Lq, Lk) bool.
-
-    Query $i$ may see key $j$ iff $j \le i + (L_k - L_q)$: the last query
-    sits at the last key. With $L_q = L_k$ this is the lower triangle;
-    with $L_q = 1$ (one new token against a cache of $L_k$ keys) the row
-    is all True. torch's ``is_causal=True`` aligns to the *start*
-    (top-left) instead, which differs when $L_q \ne L_k$. With
-    $L_q > L_k$ the first $L_q - L_k$ rows allow no key at all (attention
-    returns zeros there).
-
-    Args:
-        q_len, k_len: numbers of queries Lq and keys Lk (default Lq).
-        device: device of the result.
-
-    Introduced in chapter 3.
-    """
-    check_int("q_len", q_len, minimum=1)
-    k_len = q_len if k_len is None else k_len
-    check_int("k_len", k_len, minimum=1)
-    i = torch.arange(q_len, device=device)[:, None]             # (Lq, 1)
-    j = torch.arange(k_len, device=device)[None, :]             # (1, Lk)
-    # j <= i + Lk - Lq
-    return j <= i + (k_len - q_len)                             # (Lq, Lk)
-
-
-def sliding_window_mask(q_len: int, k_len: int | None = None, *,
-                        window: int,
-                        device: torch.device | str | None = None
-                        ) -> torch.Tensor:
-    r"""Causal sliding window: each query sees its last ``window`` keys.
-
-    With $i' = i + L_k - L_q$ (end-aligned as in :func:`causal_mask`),
-    query $i$ may see key $j$ iff $i' - w < j \le i'$: at most $w$ keys
-    per row, so a block-wise kernel costs $O(Lw)$ instead of $O(L^2)$.
-
-    Args:
-        q_len, k_len, device: as in :func:`causal_mask`.
-        window: keys visible per query, counting itself ($w \ge 1$).
-    Returns:
-        bool tensor (Lq, Lk).
-
-    Introduced in chapter 3.
-    """
-    check_int("window", window, minimum=1)
-    causal = causal_mask(q_len, k_len, device=device)           # (Lq, Lk)
-    k_len = causal.shape[1]
-    i = torch.arange(q_len, device=device)[:, None]             # (Lq, 1)
-    j = torch.arange(k_len, device=device)[None, :]             # (1, Lk)
-    # i' - w < j, with i' = i + Lk - Lq
-    return causal & (j > i + (k_len - q_len) - window)          # (Lq, Lk)
-
-
-def padding_mask(lengths, max_len: int, *,
-                 device: torch.device | str | None = None) -> torch.Tensor:
-    r"""Key-padding mask (B, 1, Lk): True for real keys, False for padding.
-
-    Sequence $b$ has ``lengths[b]`` real tokens, then padding up to
-    ``max_len``. The mask acts on the KEY axis (the last one): no query may
-    attend to a padding key. (B, 1, Lk) broadcasts over the queries of
-    scores (B, Lq, Lk); for per-head scores (B, H, Lq, Lk) insert the head
-    axis, ``mask[:, None]`` = (B, 1, 1, Lk). Padding *queries* are not
-    masked: their outputs are computed and ignored downstream.
-
-    Args:
-        lengths: B ints (list, 1-D integer tensor or array), each in
-            [0, max_len].
-        max_len: padded length Lk.
-        device: where to build the mask (match it to the scores).
-
-    Introduced in chapter 3.
-    """
-    check_int("max_len", max_len, minimum=1)
-    lengths = _check_lengths(lengths, minimum=0)
-    if max(lengths) > max_len:
-        raise ValueError(f"lengths must be <= max_len = {max_len}, got "
-                         f"{max(lengths)}")
-    lens = torch.tensor(lengths, device=device)[:, None, None]  # (B, 1, 1)
-    pos = torch.arange(max_len, device=device)[None, None, :]   # (1, 1, Lk)
-    return pos < lens                                           # (B, 1, Lk)
-
-
-def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
-    r"""Logical AND of boolean masks, with broadcasting.
-
-    A key is allowed only if every mask allows it: causal (Lq, Lk) AND
-    padding (B, 1, Lk) gives (B, Lq, Lk). ``None`` means "no restriction";
-    the result is None if all masks are None.
-
-    Introduced in chapter 3.
-    """
-    present = [m for m in masks if m is not None]
-    for m in present:
-        _check_bool("masks", m)
-    try:
-        torch.broadcast_shapes(*(m.shape for m in present))
-    except RuntimeError:
-        raise ValueError(f"masks of shapes {[tuple(m.shape) for m in present]}"
-                         f" do not broadcast together") from None
-    return functools.reduce(torch.logical_and, present) if present else None
 
 
 # --------------------------------------------------- softmax and scaling
@@ -412,7 +286,11 @@ def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
 
     Introduced in chapter 3.
     """
-    lengths = _check_lengths(lengths, minimum=1)
+    if isinstance(lengths, (str, bytes)) or not len(lengths):
+        raise ValueError(f"lengths must be a non-empty list of ints, "
+                         f"got {lengths!r:.60}")
+    for n in lengths:
+        check_int("each of lengths", n, minimum=1)
     for name, value in (("d_k", d_k), ("batch", batch),
                         ("n_heads", n_heads), ("repeats", repeats)):
         check_int(name, value, minimum=1)
@@ -421,7 +299,8 @@ def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
     for L in lengths:
         q, k, v = torch.randn(3, batch, n_heads, L, d_k,
                               generator=g)                  # 3 x (B, H, L, d)
-        mask = causal_mask(L) if causal else None           # (L, L)
+        # j <= i: the lower triangle (chapter 4's causal_mask)
+        mask = torch.ones(L, L, dtype=torch.bool).tril() if causal else None
         with torch.inference_mode():
             _, w = scaled_dot_product_attention(q, k, v, mask,
                                                 return_weights=True)

@@ -25,13 +25,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import scaled_dot_product_attention
-from .kv_cache import LayerKVCache
-from .layers import FeedForward, make_norm
-from .mha import MultiHeadAttention, merge_heads, repeat_kv, split_heads
-from .positional import apply_rope
+from typing import TYPE_CHECKING
 
-__all__ = ["EncoderLayer", "DecoderLayer", "DecoderBlock", "RoPEAttention"]
+from .layers import FeedForward, make_norm
+from .mha import MultiHeadAttention
+
+if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
+    from .kv_cache import LayerKVCache
+
+__all__ = ["EncoderLayer", "DecoderLayer", "DecoderBlock"]
 
 
 class EncoderLayer(nn.Module):
@@ -117,62 +119,12 @@ class DecoderLayer(nn.Module):
         x = self.norm1(x + self.dropout1(self.self_attn(x, mask=tgt_mask)))
         # 2) C = LN(A + Drop(MHA(A, H_E, H_E))): Q from the decoder,
         #    K and V from the encoder output.
-        c, w = self.cross_attn(x, memory, mask=memory_mask,
+        c, w = self.cross_attn(x, memory_mask, context=memory,
                                return_weights=True)          # (B, T, D)
         x = self.norm2(x + self.dropout2(c))
         # 3) H' = LN(C + Drop(FFN(C)))
         x = self.norm3(x + self.dropout3(self.ffn(x)))       # (B, T, D)
         return (x, w) if return_weights else x
-
-
-class RoPEAttention(MultiHeadAttention):
-    r"""Self-attention with rotary positions applied to $q$ and $k$.
-
-    Same weights and arguments as :class:`MultiHeadAttention` (GQA
-    included); after the projections, each head's queries and keys are
-    rotated by :func:`~course_lib.positional.apply_rope` (never the
-    values). Uses the "rotate half" pairing $(i, i + d_k/2)$ of the
-    Llama code. ``positions`` (T,) default to $0, \dots, T-1$, or with a
-    KV cache (chapter 9) to the $T$ positions after the cached ones.
-
-    Introduced in chapter 6.
-    """
-
-    def __init__(self, d_model: int, n_heads: int, *,
-                 n_kv_heads: int | None = None, bias: bool = False,
-                 base: float = 10000.0) -> None:
-        super().__init__(d_model, n_heads, n_kv_heads=n_kv_heads, bias=bias)
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got "
-                             f"{self.head_dim}")
-        self.base = base
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                *, positions: torch.Tensor | None = None,
-                cache: LayerKVCache | None = None) -> torch.Tensor:
-        """x (B, T, D) -> (B, T, D); mask as in MultiHeadAttention, over
-        all $S$ keys (cached + new). With ``cache``, the rotated keys and
-        the values are appended to it, so cached keys are never rotated
-        again: their positions were fixed when they were computed."""
-        self._inputs(x, None)
-        B, T, D = x.shape
-        if positions is None:
-            # the T positions after those already cached (0.. without one)
-            past = len(cache) if cache is not None else 0
-            positions = torch.arange(past, past + T, device=x.device)  # (T,)
-        q = split_heads(self.q_proj(x), self.n_heads)        # (B, H, T, d_k)
-        k = split_heads(self.k_proj(x), self.n_kv_heads)     # (B, G, T, d_k)
-        v = split_heads(self.v_proj(x), self.n_kv_heads)     # (B, G, T, d_k)
-        # Rotate q and k by their positions: q_m . k_n depends on m - n.
-        q = apply_rope(q, positions, base=self.base, interleaved=False)
-        k = apply_rope(k, positions, base=self.base, interleaved=False)
-        if cache is not None:
-            k, v = cache.update(k, v)                        # (B, G, S, d_k)
-        mask = self._mask4d(mask, B, T, k.shape[2])
-        k = repeat_kv(k, self.n_rep)                         # (B, H, S, d_k)
-        v = repeat_kv(v, self.n_rep)                         # (B, H, S, d_k)
-        out = scaled_dot_product_attention(q, k, v, mask)    # (B, H, T, d_k)
-        return self.o_proj(merge_heads(out))                 # (B, T, D)
 
 
 class DecoderBlock(nn.Module):
@@ -181,9 +133,10 @@ class DecoderBlock(nn.Module):
     $$x \leftarrow x + \mathrm{Drop}(\mathrm{Attn}(\mathrm{Norm}_1(x))),
     \qquad x \leftarrow x + \mathrm{Drop}(\mathrm{FFN}(\mathrm{Norm}_2(x))).$$
 
-    The attention module is called as ``attention(h, mask=mask,
-    **attn_kwargs)`` (:class:`MultiHeadAttention`, :class:`RoPEAttention`,
-    later MLA) and the FFN as ``ffn(h)`` (:class:`FeedForward`,
+    The attention module is called as ``attention(h, mask,
+    positions=positions, cache=cache)`` (a
+    :class:`~course_lib.mha.MultiHeadAttention`, with or without its RoPE
+    hook; later MLA) and the FFN as ``ffn(h)`` (:class:`FeedForward`,
     :class:`SwiGLU`, later a mixture of experts). An FFN may return a
     tuple ``(out, aux)`` (e.g. an MoE's load-balancing loss); the block
     then returns ``(x, aux)`` instead of ``x``.
@@ -213,10 +166,13 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                **attn_kwargs):
-        """x (B, T, D) -> (B, T, D), or ((B, T, D), aux); see above."""
+                *, positions: torch.Tensor | None = None,
+                cache: LayerKVCache | None = None):
+        """x (B, T, D) -> (B, T, D), or ((B, T, D), aux); see above.
+        ``mask``, ``positions``, ``cache``: passed to the attention."""
         # x = x + Attn(Norm1(x)): the identity path is never normalised.
-        a = self.attention(self.norm1(x), mask=mask, **attn_kwargs)
+        a = self.attention(self.norm1(x), mask, positions=positions,
+                           cache=cache)
         x = x + self.dropout(a)                              # (B, T, D)
         # x = x + FFN(Norm2(x))
         f = self.ffn(self.norm2(x))

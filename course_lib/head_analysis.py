@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import causal_mask
+from .masking import causal_mask
 from .mha import MultiHeadAttention
 from .validation import check_int
 

@@ -18,8 +18,8 @@ token and layer, $2 \cdot G \cdot d_h$ values for MHA ($G = h$), GQA and
 MQA ($G = 1$), $d_c + d_h^R$ for MLA.
 
 Generation with a cache (prefill, then one token per call), prefix reuse
-and decode-speed measurements live in :mod:`course_lib.decoding`;
-``generate`` and ``prefill`` are re-exported here.
+and decode-speed measurements live in :mod:`course_lib.decoding`, which
+builds on this module (never the other way round).
 
 Shape letters: B batch, T new tokens in this call, S cached + new tokens,
 G key/value heads, d_k (= $d_h$) head width.
@@ -35,16 +35,7 @@ import torch
 from .validation import check_int
 
 __all__ = ["LayerKVCache", "KVCache", "kv_cache_bytes",
-           "kv_values_per_token", "generate", "prefill"]
-
-
-def __getattr__(name: str):
-    # Lazy re-export: decoding imports this module, so importing it at the
-    # top would be circular.
-    if name in ("generate", "prefill"):
-        from . import decoding
-        return getattr(decoding, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+           "kv_values_per_token"]
 
 
 class LayerKVCache:

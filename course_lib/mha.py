@@ -20,22 +20,34 @@ but only $g$ key/value heads (``n_kv_heads``); query head $i$ reads K/V head
 $\lfloor i / (h/g) \rfloor$. $g = h$ is ordinary multi-head attention,
 $g = 1$ is multi-query attention (MQA, Shazeer 2019): a smaller KV cache.
 
+Positions enter through one hook: given a
+:class:`~course_lib.positional.RotaryEmbedding` (``rope=``), the module
+rotates each head's queries and keys by their positions right after the
+projections (RoPE, chapter 2); without it, it is the paper's attention,
+whose positions were added to the embeddings at the input.
+
 Shape letters: B batch, T query length (``x``), S key/value length
-(``context``; S = T in self-attention), D = ``d_model``, H = ``n_heads``
-(query heads), G = ``n_kv_heads``, d_k = ``head_dim`` = D / H. Module
-names follow the Llama checkpoints (``q_proj`` ... ``o_proj``).
+(``context``, or cached + new positions; S = T in plain self-attention),
+D = ``d_model``, H = ``n_heads`` (query heads), G = ``n_kv_heads``,
+d_k = ``head_dim`` = D / H. Module names follow the Llama checkpoints
+(``q_proj`` ... ``o_proj``).
 
 Introduced in chapter 5.
 """
 from __future__ import annotations
 
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from .attention import scaled_dot_product_attention
-from .kv_cache import LayerKVCache
-from .validation import check_int
+from .positional import RotaryEmbedding
+from .validation import check_bool_mask, check_int
+
+if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
+    from .kv_cache import LayerKVCache
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv",
            "mask_to_4d", "mha_param_count"]
@@ -171,10 +183,7 @@ def mask_to_4d(mask, B: int, H: int, T: int, S: int):
     """
     if mask is None:
         return None
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        kind = getattr(mask, "dtype", type(mask).__name__)
-        raise ValueError(f"mask must be a bool tensor (True = may "
-                         f"attend), got {kind}")
+    check_bool_mask("mask", mask)
     target, shape = (B, H, T, S), tuple(mask.shape)
     m4 = mask[:, None] if mask.dim() == 3 else mask      # (B, 1, T|1, S)
     try:
@@ -205,14 +214,24 @@ class MultiHeadAttention(nn.Module):
             means $g = h$ (ordinary MHA), 1 means MQA.
         bias: biases in the four projections (the paper's formulas have
             none; torch's ``nn.MultiheadAttention`` has them by default).
+        rope: the position hook: a
+            :class:`~course_lib.positional.RotaryEmbedding` of width
+            ``head_dim`` that rotates $q$ and $k$ (Llama), or ``None``
+            (positions, if any, were added at the input).
 
     Introduced in chapter 5.
     """
 
     def __init__(self, d_model: int, n_heads: int, *,
-                 n_kv_heads: int | None = None, bias: bool = True) -> None:
+                 n_kv_heads: int | None = None, bias: bool = True,
+                 rope: RotaryEmbedding | None = None) -> None:
         super().__init__()
         self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads)
+        if rope is not None and (not isinstance(rope, RotaryEmbedding)
+                                 or rope.head_dim != d_model // n_heads):
+            raise ValueError(f"rope must be None or a RotaryEmbedding with "
+                             f"head_dim={d_model // n_heads}, got {rope!r}")
+        self.rope = rope                             # the position hook
         self.d_model, self.n_heads = d_model, n_heads
         self.head_dim = d_model // n_heads           # d_k = d_v
         self.n_rep = n_heads // self.n_kv_heads      # query heads per K/V head
@@ -250,26 +269,30 @@ class MultiHeadAttention(nn.Module):
         return mask_to_4d(mask, B, self.n_heads, T, S)
 
     # ----------------------------------------------------------- forward
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None,
-                return_weights: bool = False, *, fused: bool = False,
-                cache: LayerKVCache | None = None):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                *, context: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None,
+                cache: LayerKVCache | None = None,
+                return_weights: bool = False, fused: bool = False):
         r"""Batched multi-head attention: all heads in one reshape.
 
         Args:
             x: ``(B, T, D)`` queries come from here.
-            context: ``(B, S, D)`` keys and values come from here
-                (cross-attention); ``None`` means ``x`` (self-attention).
             mask: bool, True = may attend; ``(T, S)``, ``(B, 1, S)``,
                 ``(B, T, S)`` or 4-D broadcastable to ``(B, H, T, S)``.
-            return_weights: also return the attention weights.
-            fused: step 4 by torch's fused kernel (same result up to
-                rounding; keeps no weights, so not with ``return_weights``).
+            context: ``(B, S, D)`` keys and values come from here
+                (cross-attention); ``None`` means ``x`` (self-attention).
+            positions: ``(T,)`` positions of the queries, used by the
+                ``rope`` hook only; default $0, \dots, T-1$, or with a
+                cache the $T$ positions after the cached ones.
             cache: self-attention only: this layer's
                 :class:`~course_lib.kv_cache.LayerKVCache`. The new K, V
-                (G heads, before repetition) are appended and attention
-                runs over all cached positions, so $S$ = cached + $T$
-                (chapter 9).
+                (G heads, before repetition, keys already rotated) are
+                appended and attention runs over all cached positions, so
+                $S$ = cached + $T$ (chapter 9).
+            return_weights: also return the attention weights.
+            fused: step 5 by torch's fused kernel (same result up to
+                rounding; keeps no weights, so not with ``return_weights``).
 
         Returns:
             ``(B, T, D)``, and with ``return_weights`` the weights
@@ -289,27 +312,42 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(q, H)                                # (B, H, T, d_k)
         k = split_heads(k, G)                                # (B, G, S, d_k)
         v = split_heads(v, G)                                # (B, G, S, d_k)
+        # 3) Position hook: RoPE rotates q and k (never v), so that
+        #    q_m . k_n depends on m - n only (chapter 2).
+        if self.rope is not None:
+            positions = self._positions(positions, T, cache, x.device)
+            q = self.rope(q, positions)                      # (B, H, T, d_k)
+            k = self.rope(k, positions)                      # (B, G, T, d_k)
         if cache is not None:
             # KV cache: past keys/values + this call's (chapter 9).
             k, v = cache.update(k, v)                        # (B, G, S, d_k)
         mask = self._mask4d(mask, B, T, k.shape[2])
-        # 3) GQA/MQA: each K/V head serves n_rep query heads.
+        # 4) GQA/MQA: each K/V head serves n_rep query heads.
         k = repeat_kv(k, self.n_rep)                         # (B, H, S, d_k)
         v = repeat_kv(v, self.n_rep)                         # (B, H, S, d_k)
-        # 4) head_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i, for every head.
+        # 5) head_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i, for every head.
         out = scaled_dot_product_attention(
             q, k, v, mask, return_weights=return_weights, fused=fused)
         out, weights = out if return_weights else (out, None)
         #    out (B, H, T, d_k), weights (B, H, T, S)
-        # 5) Concat(head_1, ..., head_h): heads back next to each other.
+        # 6) Concat(head_1, ..., head_h): heads back next to each other.
         out = merge_heads(out)                               # (B, T, D)
-        # 6) MultiHead = Concat(...) W^O
+        # 7) MultiHead = Concat(...) W^O
         out = self.o_proj(out)                               # (B, T, D)
         return (out, weights) if return_weights else out
 
+    @staticmethod
+    def _positions(positions, T: int, cache, device) -> torch.Tensor:
+        """The queries' positions: given, or the T after the cached ones."""
+        if positions is not None:
+            return positions
+        past = len(cache) if cache is not None else 0
+        return torch.arange(past, past + T, device=device)   # (T,)
+
     def forward_loop(self, x: torch.Tensor,
+                     mask: torch.Tensor | None = None, *,
                      context: torch.Tensor | None = None,
-                     mask: torch.Tensor | None = None,
+                     positions: torch.Tensor | None = None,
                      return_weights: bool = False):
         r"""Reference form: one head at a time, exactly as the equation reads.
 
@@ -317,7 +355,8 @@ class MultiHeadAttention(nn.Module):
         $i d_k \dots (i+1) d_k - 1$ of $W^Q$, $W^K$, $W^V$; with GQA the K/V
         slice of group $\lfloor i / n_{\text{rep}} \rfloor$), and the head
         outputs are concatenated before $W^O$. Same arguments and results
-        as :meth:`forward`; slower, for teaching and tests.
+        as :meth:`forward` (no cache, no fused path); slower, for teaching
+        and tests.
         """
         context = self._inputs(x, context)
         B, T, D = x.shape
@@ -332,6 +371,9 @@ class MultiHeadAttention(nn.Module):
             q_i = _head_proj(self.q_proj, rq, x)             # (B, T, d_k)
             k_i = _head_proj(self.k_proj, rk, context)       # (B, S, d_k)
             v_i = _head_proj(self.v_proj, rk, context)       # (B, S, d_k)
+            if self.rope is not None:
+                pos = self._positions(positions, T, None, x.device)
+                q_i, k_i = self.rope(q_i, pos), self.rope(k_i, pos)
             # Pick this head's slice of the mask (broadcast axes stay 1).
             m_i = None
             if mask is not None:

@@ -24,18 +24,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
-from .attention import causal_mask, combine_masks, padding_mask
-from .blocks import DecoderBlock, DecoderLayer, EncoderLayer, RoPEAttention
-from .kv_cache import KVCache
+from .masking import causal_mask, combine_masks, padding_mask
+from .blocks import DecoderBlock, DecoderLayer, EncoderLayer
 from .layers import (FeedForward, SwiGLU, ffn_param_count,
                      llama_hidden_dim, make_norm, swiglu_param_count)
 from .mha import MultiHeadAttention, mha_param_count
-from .positional import sinusoidal_encoding
+from .positional import RotaryEmbedding, sinusoidal_encoding
+
+if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
+    from .kv_cache import KVCache
 
 __all__ = ["TransformerConfig", "Transformer", "greedy_decode",
            "DecoderLMConfig", "DecoderLM", "num_parameters",
@@ -234,6 +236,10 @@ class DecoderLMConfig:
     tie_embeddings: bool = True    # lm_head.weight is embed_tokens.weight
     dropout: float = 0.0
     multiple_of: int = 32          # swiglu d_ff rounding (Llama-2: 256)
+    rope_base: float = 10000.0     # RoPE's b (Llama-3: 500000)
+    rope_interleaved: bool = False  # RoPE pairs: False (i, i+d/2) as HF
+    #                                 Llama, True (2i, 2i+1) as llama.cpp
+    norm_eps: float | None = None  # None: 1e-6 (rms) or 1e-5 (layer)
 
     def __post_init__(self) -> None:
         for name, options in (("positions", ("learned", "rope")),
@@ -265,7 +271,7 @@ class DecoderLM(nn.Module):
     layer ``i``'s modules instead: multi-head latent attention (chapter
     10), a mixture of experts (chapter 11), or dense layers first and
     MoE layers after, as in DeepSeek-V3. A factory attention is called
-    as ``attn(h, mask=..., positions=..., cache=...)``.
+    as ``attn(h, mask, positions=..., cache=...)``.
 
     Init as GPT-2: $N(0, 0.02^2)$ weights, zero biases, and the two
     projections that write into the residual stream (``o_proj`` and the
@@ -292,7 +298,8 @@ class DecoderLM(nn.Module):
                                 if c.positions == "learned" else None)
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(self._block(i) for i in range(c.n_layers))
-        self.norm = make_norm(c.norm, c.d_model, bias=c.bias)
+        self.norm = make_norm(c.norm, c.d_model, eps=c.norm_eps,
+                              bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init)
         for name, p in self.named_parameters():
@@ -304,14 +311,15 @@ class DecoderLM(nn.Module):
 
     def _block(self, i: int) -> DecoderBlock:
         c = self.config
-        kw = dict(n_kv_heads=c.n_kv_heads, bias=c.bias)
         make_attn, make_ffn = self._factories
         if make_attn is not None:
             attn = make_attn(i)
-        elif c.positions == "rope":
-            attn = RoPEAttention(c.d_model, c.n_heads, **kw)
         else:
-            attn = MultiHeadAttention(c.d_model, c.n_heads, **kw)
+            rope = None if c.positions == "learned" else RotaryEmbedding(
+                c.d_model // c.n_heads, base=c.rope_base,
+                interleaved=c.rope_interleaved)
+            attn = MultiHeadAttention(c.d_model, c.n_heads, bias=c.bias,
+                                      n_kv_heads=c.n_kv_heads, rope=rope)
         if make_ffn is not None:
             ffn = make_ffn(i)
         elif c.ffn == "swiglu":
@@ -320,7 +328,8 @@ class DecoderLM(nn.Module):
             ffn = FeedForward(c.d_model, c.d_ff, activation=c.ffn,
                               bias=c.bias)
         return DecoderBlock(c.d_model, attention=attn, ffn=ffn, norm=c.norm,
-                            norm_bias=c.bias, dropout=c.dropout)
+                            norm_bias=c.bias, eps=c.norm_eps,
+                            dropout=c.dropout)
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -336,6 +345,7 @@ class DecoderLM(nn.Module):
         B, T = idx.shape
         past = 0
         if cache is not None:
+            from .kv_cache import KVCache   # chapter 9: only when used
             if not isinstance(cache, KVCache) or len(cache) != c.n_layers:
                 raise ValueError(f"cache must be a KVCache with n_layers="
                                  f"{c.n_layers} layers, got {cache!r}")
@@ -378,13 +388,10 @@ class DecoderLM(nn.Module):
         h = self.dropout(h)
         # new token i (position past + i) sees keys 0 .. past + i
         mask = causal_mask(T, past + T, device=idx.device)   # (T, S)
-        kw = {"positions": positions} if (
-            c.positions == "rope" or self._factories[0] is not None) else {}
         aux = []
         for i, block in enumerate(self.layers):
-            if cache is not None:
-                kw["cache"] = cache[i]
-            h = block(h, mask=mask, **kw)
+            h = block(h, mask, positions=positions,
+                      cache=None if cache is None else cache[i])
             if isinstance(h, tuple):
                 h, a = h
                 aux.append(a)

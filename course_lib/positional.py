@@ -21,12 +21,14 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from .validation import check_int, check_real
 
 __all__ = ["frequencies", "wavelengths", "sinusoidal_encoding",
            "rotation_matrix", "offset_dot_product", "apply_rope",
-           "rope_permutation", "self_attention", "draw_clock_hands"]
+           "RotaryEmbedding", "rope_permutation", "self_attention",
+           "draw_clock_hands"]
 
 
 # --------------------------------------------------------------- checks
@@ -246,6 +248,53 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, *,
     if interleaved:
         return torch.stack([ya, yb], dim=-1).flatten(-2)       # (..., T, D)
     return torch.cat([ya, yb], dim=-1)                         # (..., T, D)
+
+
+class RotaryEmbedding(nn.Module):
+    r"""RoPE as a module: the position hook of multi-head attention.
+
+    Holds the head width, the base $b$ and the pairing, and rotates a
+    head's queries or keys by their positions with :func:`apply_rope`.
+    It has no parameters, so a model's weights are the same with or
+    without it; :class:`~course_lib.mha.MultiHeadAttention` calls it on
+    $q$ and $k$ after the projections (chapter 5), which is all that
+    turns Vaswani's attention into Llama's.
+
+    Args:
+        head_dim: even width $d_k$ of one head.
+        base: the constant $b$ (10000 in the RoPE paper and Llama-2,
+            500000 in Llama-3, 100000 in SmolLM2).
+        interleaved: pairing of the features, as in :func:`apply_rope`:
+            False = "rotate half" $(i, i + d_k/2)$ of the Hugging Face
+            Llama code (the default), True = adjacent pairs $(2i, 2i+1)$
+            of the paper and of llama.cpp.
+
+    Introduced in chapter 2.
+    """
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0,
+                 interleaved: bool = False) -> None:
+        super().__init__()
+        _check_d_model("head_dim", head_dim)
+        check_real("base", base, positive=True)
+        if not isinstance(interleaved, bool):
+            raise ValueError(f"interleaved must be a bool, got "
+                             f"{interleaved!r}")
+        self.head_dim, self.base = head_dim, float(base)
+        self.interleaved = interleaved
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, base={self.base:g}, "
+                f"interleaved={self.interleaved}")
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor
+                ) -> torch.Tensor:
+        """x (..., T, head_dim), positions (T,) -> rotated x, same shape."""
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(f"x must have last dim head_dim="
+                             f"{self.head_dim}, got {tuple(x.shape)}")
+        return apply_rope(x, positions, base=self.base,
+                          interleaved=self.interleaved)
 
 
 def self_attention(x: torch.Tensor, *, w_q: torch.Tensor,

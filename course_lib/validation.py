@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from numbers import Integral, Real
 
-__all__ = ["check_int", "check_real"]
+import torch
+
+__all__ = ["check_int", "check_real", "check_bool_mask"]
 
 
 def check_int(name: str, value, *, minimum: int) -> None:
@@ -34,3 +36,11 @@ def check_real(name: str, value, *, positive: bool = False) -> None:
         raise ValueError(f"{name} must be finite, got {value}")
     if positive and value <= 0:
         raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def check_bool_mask(name: str, mask) -> None:
+    """``mask`` must be a bool tensor (True = may attend)."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask)
+        raise ValueError(f"{name} must be a bool tensor (True = may attend)"
+                         f", got {got}")

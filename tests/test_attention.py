@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import attention as A
+from course_lib import masking as M
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +38,7 @@ def test_matches_torch_without_mask(batch):
 
 def test_matches_torch_is_causal_when_square():
     q, k, v = _qkv(2, 4, lq=9, lk=9)
-    out = A.scaled_dot_product_attention(q, k, v, A.causal_mask(9))
+    out = A.scaled_dot_product_attention(q, k, v, M.causal_mask(9))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -45,7 +46,7 @@ def test_matches_torch_is_causal_when_square():
 def test_end_aligned_causal_differs_from_torch_is_causal():
     # torch's is_causal is top-left aligned; ours is end aligned (caching).
     q, k, v = _qkv(2, lq=3, lk=7)
-    mask = A.causal_mask(3, 7)
+    mask = M.causal_mask(3, 7)
     ours = A.scaled_dot_product_attention(q, k, v, mask)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
@@ -56,8 +57,8 @@ def test_end_aligned_causal_differs_from_torch_is_causal():
 def test_matches_torch_with_padding_and_combined_masks_multihead():
     B, H, L = 3, 4, 6
     q, k, v = _qkv(B, H, lq=L, lk=L)
-    pad = A.padding_mask([6, 4, 2], L)[:, None]              # (B, 1, 1, L)
-    mask = A.combine_masks(A.causal_mask(L), pad)            # (B, 1, L, L)
+    pad = M.padding_mask([6, 4, 2], L)[:, None]              # (B, 1, 1, L)
+    mask = M.combine_masks(M.causal_mask(L), pad)            # (B, 1, L, L)
     assert mask.shape == (B, 1, L, L)
     for fused in (False, True):
         out = A.scaled_dot_product_attention(q, k, v, mask, fused=fused)
@@ -96,7 +97,7 @@ def test_matches_python_double_loop():
 # ----------------------------------------------------------- properties
 def test_weights_sum_to_one_over_allowed_keys_and_zero_elsewhere():
     q, k, v = _qkv(2, lq=6, lk=6)
-    mask = A.combine_masks(A.causal_mask(6), A.padding_mask([6, 3], 6))
+    mask = M.combine_masks(M.causal_mask(6), M.padding_mask([6, 3], 6))
     _, w = A.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
     assert torch.all(w[~mask.expand_as(w)] == 0)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 6))
@@ -104,7 +105,7 @@ def test_weights_sum_to_one_over_allowed_keys_and_zero_elsewhere():
 
 def test_fully_masked_rows_give_zeros_and_finite_gradients():
     q, k, v = (t.requires_grad_() for t in _qkv(2, lq=4, lk=4))
-    mask = A.padding_mask([3, 0], 4)                 # batch 1: no key at all
+    mask = M.padding_mask([3, 0], 4)                 # batch 1: no key at all
     for fused in (False, True):
         out = A.scaled_dot_product_attention(q, k, v, mask, fused=fused)
         assert torch.isfinite(out).all()
@@ -118,7 +119,7 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients():
                                                    torch.ones(4))
     # Rows of a short causal mask (Lq > Lk) with no visible key.
     q2, k2, v2 = _qkv(lq=5, lk=3)
-    out = A.scaled_dot_product_attention(q2, k2, v2, A.causal_mask(5, 3))
+    out = A.scaled_dot_product_attention(q2, k2, v2, M.causal_mask(5, 3))
     assert torch.all(out[:2] == 0) and torch.all(out[2:].abs().sum(-1) > 0)
 
 
@@ -157,54 +158,54 @@ def test_single_allowed_key_copies_its_value():
 
 # ----------------------------------------------------------------- masks
 def test_causal_mask_end_aligned():
-    assert torch.equal(A.causal_mask(3),
+    assert torch.equal(M.causal_mask(3),
                        torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]],
                                     dtype=torch.bool))
-    assert A.causal_mask(1, 5).all()
-    m = A.causal_mask(2, 4)
+    assert M.causal_mask(1, 5).all()
+    m = M.causal_mask(2, 4)
     assert torch.equal(m, torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]],
                                        dtype=torch.bool))
     for i in range(4):
         for j in range(6):
-            assert A.causal_mask(4, 6)[i, j].item() == (j <= i + 2)
+            assert M.causal_mask(4, 6)[i, j].item() == (j <= i + 2)
 
 
 def test_cached_decoding_row_equals_last_row_of_full_causal():
     q, k, v = _qkv(lq=6, lk=6)
-    full = A.scaled_dot_product_attention(q, k, v, A.causal_mask(6))
-    last = A.scaled_dot_product_attention(q[-1:], k, v, A.causal_mask(1, 6))
+    full = A.scaled_dot_product_attention(q, k, v, M.causal_mask(6))
+    last = A.scaled_dot_product_attention(q[-1:], k, v, M.causal_mask(1, 6))
     torch.testing.assert_close(last, full[-1:])
 
 
 def test_sliding_window_mask():
-    m = A.sliding_window_mask(5, window=2)
+    m = M.sliding_window_mask(5, window=2)
     expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0],
                              [0, 1, 1, 0, 0], [0, 0, 1, 1, 0],
                              [0, 0, 0, 1, 1]], dtype=torch.bool)
     assert torch.equal(m, expected)
-    assert torch.equal(A.sliding_window_mask(6, window=6), A.causal_mask(6))
-    assert torch.equal(A.sliding_window_mask(2, 5, window=3),
+    assert torch.equal(M.sliding_window_mask(6, window=6), M.causal_mask(6))
+    assert torch.equal(M.sliding_window_mask(2, 5, window=3),
                        torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]],
                                     dtype=torch.bool))
 
 
 def test_padding_mask_shape_and_values():
-    m = A.padding_mask([3, 1, 0], 4)
+    m = M.padding_mask([3, 1, 0], 4)
     assert m.shape == (3, 1, 4) and m.dtype == torch.bool
     assert m[:, 0].tolist() == [[True, True, True, False],
                                 [True, False, False, False],
                                 [False] * 4]
-    assert torch.equal(A.padding_mask(torch.tensor([3, 1, 0]), 4), m)
+    assert torch.equal(M.padding_mask(torch.tensor([3, 1, 0]), 4), m)
 
 
 def test_combine_masks():
-    c, p = A.causal_mask(3), A.padding_mask([2, 3], 3)
-    m = A.combine_masks(None, c, None, p)
+    c, p = M.causal_mask(3), M.padding_mask([2, 3], 3)
+    m = M.combine_masks(None, c, None, p)
     assert m.shape == (2, 3, 3)
     assert torch.equal(m, c[None] & p)
-    assert A.combine_masks(None, None) is None
-    assert A.combine_masks() is None
-    assert A.combine_masks(c) is c
+    assert M.combine_masks(None, None) is None
+    assert M.combine_masks() is None
+    assert M.combine_masks(c) is c
 
 
 # --------------------------------------------------------- softmax tools
@@ -310,23 +311,23 @@ def test_bad_inputs_attention():
 
 def test_bad_inputs_masks_and_helpers():
     with pytest.raises(ValueError, match="q_len must be >= 1, got 0"):
-        A.causal_mask(0)
+        M.causal_mask(0)
     with pytest.raises(ValueError, match="k_len must be an int"):
-        A.causal_mask(3, 2.5)
+        M.causal_mask(3, 2.5)
     with pytest.raises(ValueError, match="window must be >= 1, got 0"):
-        A.sliding_window_mask(4, window=0)
+        M.sliding_window_mask(4, window=0)
     with pytest.raises(ValueError, match="lengths must be <= max_len = 4"):
-        A.padding_mask([5], 4)
+        M.padding_mask([5], 4)
     with pytest.raises(ValueError, match="each of lengths must be >= 0"):
-        A.padding_mask([-1], 4)
+        M.padding_mask([-1], 4)
     with pytest.raises(ValueError, match="each of lengths must be an int"):
-        A.padding_mask(torch.tensor([1.0, 2.0]), 4)
+        M.padding_mask(torch.tensor([1.0, 2.0]), 4)
     with pytest.raises(ValueError, match="lengths must be a non-empty list"):
-        A.padding_mask([], 4)
+        M.padding_mask([], 4)
     with pytest.raises(ValueError, match="masks must be a bool tensor"):
-        A.combine_masks(A.causal_mask(3), torch.ones(3, 3))
+        M.combine_masks(M.causal_mask(3), torch.ones(3, 3))
     with pytest.raises(ValueError, match=r"masks of shapes \[\(3, 3\), "):
-        A.combine_masks(A.causal_mask(3), A.causal_mask(4))
+        M.combine_masks(M.causal_mask(3), M.causal_mask(4))
     with pytest.raises(ValueError, match="z must be a floating tensor"):
         A.softmax_jacobian(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="d_k must be >= 1, got 0"):
@@ -364,8 +365,8 @@ def test_saturation_gradient_matches_autograd():
 
 def test_padding_mask_accepts_numpy_lengths_and_device():
     import numpy as np
-    expected = A.padding_mask([3, 1], 4)
-    assert torch.equal(A.padding_mask(np.array([3, 1]), 4), expected)
-    assert A.padding_mask([3, 1], 4, device="cpu").device.type == "cpu"
+    expected = M.padding_mask([3, 1], 4)
+    assert torch.equal(M.padding_mask(np.array([3, 1]), 4), expected)
+    assert M.padding_mask([3, 1], 4, device="cpu").device.type == "cpu"
     with pytest.raises(ValueError, match="lengths must be a non-empty"):
-        A.padding_mask(np.array([]), 4)
+        M.padding_mask(np.array([]), 4)

@@ -2,17 +2,14 @@
 
 References: torch.nn.TransformerEncoderLayer / TransformerDecoderLayer
 (post-norm, ReLU, batch_first) with copied weights in eval mode; the
-pre-norm block written out by hand; a RoPE attention written out with
-course_lib.positional.apply_rope and complex-number arithmetic; the
-relative-position property of RoPE; causality.
+pre-norm block written out by hand; causality.
 """
 import pytest
 import torch
 from torch import nn
 
-from course_lib.attention import causal_mask, padding_mask
-from course_lib.blocks import (DecoderBlock, DecoderLayer, EncoderLayer,
-                               RoPEAttention)
+from course_lib.masking import causal_mask, padding_mask
+from course_lib.blocks import DecoderBlock, DecoderLayer, EncoderLayer
 from course_lib.layers import FeedForward, RMSNorm, SwiGLU
 from course_lib.mha import MultiHeadAttention
 
@@ -144,43 +141,6 @@ def test_decoder_block_zero_sublayers_is_identity():
     assert torch.equal(block(x), x)
 
 
-# ----------------------------------------------------------- RoPEAttention
-def test_rope_attention_matches_complex_reference():
-    attn = RoPEAttention(16, 2, n_kv_heads=1)
-    x = torch.randn(1, 5, 16)
-    T, d = 5, attn.head_dim
-    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    rot = torch.polar(torch.ones(T, d // 2, dtype=torch.float64),
-                      torch.arange(T)[:, None] * theta)      # e^{i m theta}
-
-    def rope(z):  # halves pairing: feature i with i + d/2
-        zc = torch.complex(z[..., : d // 2].double(), z[..., d // 2:].double())
-        zc = zc * rot
-        return torch.cat([zc.real, zc.imag], -1).float()
-
-    q = attn.q_proj(x).view(1, T, 2, d).transpose(1, 2)
-    k = attn.k_proj(x).view(1, T, 1, d).transpose(1, 2)
-    v = attn.v_proj(x).view(1, T, 1, d).transpose(1, 2)
-    s = rope(q) @ rope(k).transpose(-1, -2) / d ** 0.5
-    s = s.masked_fill(~causal_mask(T), float("-inf"))
-    heads = torch.softmax(s, -1) @ v                         # (1, 2, T, d)
-    expected = attn.o_proj(heads.transpose(1, 2).reshape(1, T, 16))
-    assert torch.allclose(attn(x, mask=causal_mask(T)), expected, atol=1e-5)
-
-
-def test_rope_attention_is_shift_invariant():
-    attn = RoPEAttention(16, 4)
-    x = torch.randn(2, 6, 16)
-    mask = causal_mask(6)
-    a = attn(x, mask=mask)
-    b = attn(x, mask=mask, positions=torch.arange(6) + 37)
-    assert torch.allclose(a, b, atol=1e-4)
-    # without positions it would be permutation-equivariant; with RoPE not
-    perm = torch.tensor([1, 0, 2, 3, 4, 5])
-    c = attn(x[:, perm])[:, perm]
-    assert not torch.allclose(attn(x), c, atol=1e-3)
-
-
 def test_bad_inputs():
     with pytest.raises(ValueError, match="attention must be an nn.Module"):
         DecoderBlock(8, attention=lambda h, mask=None: h,
@@ -188,8 +148,6 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="norm must be 'layer' or 'rms'"):
         DecoderBlock(8, attention=MultiHeadAttention(8, 2),
                      ffn=FeedForward(8, 16), norm="batch")
-    with pytest.raises(ValueError, match="head_dim must be even"):
-        RoPEAttention(6, 2)
     with pytest.raises(ValueError, match="d_model must be divisible"):
         EncoderLayer(10, 4, 16)
     with pytest.raises(ValueError, match=r"x must have shape"):

@@ -45,7 +45,7 @@ def test_three_position_example_exact():
     k = torch.randn(3, 2, dtype=torch.float64)
     v = torch.tensor([[2.0, 0.0], [0.0, 4.0], [99.0, 99.0]],
                      dtype=torch.float64)
-    out, w = A.scaled_dot_product_attention(q, k, v, A.causal_mask(3),
+    out, w = A.scaled_dot_product_attention(q, k, v, M.causal_mask(3),
                                             return_weights=True)
     assert torch.equal(w[1], torch.tensor([0.5, 0.5, 0.0],
                                           dtype=torch.float64))
@@ -65,7 +65,7 @@ def test_causal_outputs_ignore_future_inputs(seed):
     f = _layer(seed=seed)
     T = 7
     x = torch.randn(2, T, 8, generator=g, dtype=torch.float64)
-    mask = A.causal_mask(T)
+    mask = M.causal_mask(T)
     out = f(x, mask)
     for i in range(T - 1):
         x2 = x.clone()
@@ -80,7 +80,7 @@ def test_causal_outputs_ignore_future_inputs(seed):
 def test_causal_attention_equals_attention_over_prefix():
     f = _layer()
     x = torch.randn(6, 8, dtype=torch.float64)
-    full = f(x, A.causal_mask(6))
+    full = f(x, M.causal_mask(6))
     for i in range(6):
         prefix = f(x[:i + 1])                     # no mask, keys 0..i only
         assert torch.allclose(full[i], prefix[i], atol=1e-12)
@@ -97,13 +97,13 @@ def test_without_mask_future_inputs_change_earlier_outputs():
 def test_causal_mask_end_alignment_matches_cached_decoding():
     f = _layer()
     x = torch.randn(5, 8, dtype=torch.float64)
-    full = f(x, A.causal_mask(5))
+    full = f(x, M.causal_mask(5))
     # the last two queries against all five keys
     g = torch.Generator().manual_seed(0)
     w_q, w_k, w_v = (torch.randn(8, 8, generator=g, dtype=torch.float64)
                      / math.sqrt(8) for _ in range(3))
     last = A.scaled_dot_product_attention(x[3:] @ w_q, x @ w_k, x @ w_v,
-                                          A.causal_mask(2, 5))
+                                          M.causal_mask(2, 5))
     assert torch.allclose(last, full[3:], atol=1e-12)
 
 
@@ -111,8 +111,8 @@ def test_influence_matrix_of_causal_stack_is_lower_triangular():
     f = _layer()
     x = torch.randn(2, 6, 8, dtype=torch.float64)
     g = torch.Generator().manual_seed(1)
-    infl = M.influence_matrix(lambda z: f(f(z, A.causal_mask(6)),
-                                          A.causal_mask(6)), x, generator=g)
+    infl = M.influence_matrix(lambda z: f(f(z, M.causal_mask(6)),
+                                          M.causal_mask(6)), x, generator=g)
     assert infl.shape == (6, 6)
     assert torch.equal(infl.triu(1), torch.zeros(6, 6, dtype=infl.dtype))
     assert (infl.tril() > 0).sum() == 21
@@ -125,7 +125,7 @@ def test_padding_positions_never_change_real_outputs():
     f = _layer()
     lengths = [5, 3, 1]
     x = torch.randn(3, 5, 8, dtype=torch.float64)
-    mask = A.combine_masks(A.causal_mask(5), A.padding_mask(lengths, 5))
+    mask = M.combine_masks(M.causal_mask(5), M.padding_mask(lengths, 5))
     out = f(x, mask)
     x2 = x.clone()
     for b, n in enumerate(lengths):
@@ -134,13 +134,13 @@ def test_padding_positions_never_change_real_outputs():
     for b, n in enumerate(lengths):
         assert torch.equal(out2[b, :n], out[b, :n])
         # reference: the sequence alone, unpadded, causal
-        alone = f(x[b, :n], A.causal_mask(n))
+        alone = f(x[b, :n], M.causal_mask(n))
         assert torch.allclose(out[b, :n], alone, atol=1e-12)
 
 
 def test_padding_mask_agrees_with_torch_bool_convention():
     q, k, v = torch.randn(3, 2, 4, 5, 8).unbind(0)
-    pad = A.padding_mask([5, 2], 5)[:, None]           # (B, 1, 1, Lk)
+    pad = M.padding_mask([5, 2], 5)[:, None]           # (B, 1, 1, Lk)
     ours = A.scaled_dot_product_attention(q, k, v, pad)
     theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=pad)
     assert torch.allclose(ours, theirs, atol=1e-5)
@@ -148,8 +148,8 @@ def test_padding_mask_agrees_with_torch_bool_convention():
 
 # ------------------------------------------------------ fully masked rows
 def test_left_padding_with_causal_mask_gives_fully_masked_rows():
-    keep = A.padding_mask([4, 2], 4).flip(-1)          # left padding
-    mask = A.combine_masks(A.causal_mask(4), keep)     # (2, 4, 4)
+    keep = M.padding_mask([4, 2], 4).flip(-1)          # left padding
+    mask = M.combine_masks(M.causal_mask(4), keep)     # (2, 4, 4)
     dead = ~mask.any(-1)
     assert dead.tolist() == [[False] * 4, [True, True, False, False]]
     q, k, v = torch.randn(3, 2, 4, 6).unbind(0)
@@ -170,7 +170,7 @@ def test_nan_from_dead_row_spreads_to_real_rows_in_next_layer():
 
 # ----------------------------------------------------------- additive_mask
 def test_additive_mask_values_and_softmax():
-    mask = A.causal_mask(4)
+    mask = M.causal_mask(4)
     add = M.additive_mask(mask)
     assert add.dtype == torch.float32
     assert torch.equal(add == 0, mask)
@@ -186,7 +186,7 @@ def test_additive_mask_values_and_softmax():
 
 def test_additive_mask_against_torch_float_mask():
     q, k, v = torch.randn(3, 2, 5, 4).unbind(0)
-    mask = A.combine_masks(A.causal_mask(5), A.padding_mask([5, 3], 5))
+    mask = M.combine_masks(M.causal_mask(5), M.padding_mask([5, 3], 5))
     ours = A.scaled_dot_product_attention(q, k, v, mask)
     theirs = F.scaled_dot_product_attention(
         q, k, v, attn_mask=M.additive_mask(mask))
@@ -253,7 +253,7 @@ def test_influence_matrix_bad_input():
 def test_draw_mask_cells_and_labels():
     fig = Figure()
     ax = fig.add_subplot()
-    mask = A.causal_mask(3)
+    mask = M.causal_mask(3)
     w = torch.softmax(torch.zeros(3, 3).masked_fill(~mask, -math.inf), -1)
     M.draw_mask(ax, mask, weights=w, title="t")
     texts = [t.get_text() for t in ax.texts]

@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.attention import causal_mask, padding_mask
+from course_lib.masking import causal_mask, padding_mask
 from course_lib.mha import (MultiHeadAttention, merge_heads,
                             mha_param_count, repeat_kv, split_heads)
+from course_lib.positional import RotaryEmbedding
 
 ATOL = 1e-5
 
@@ -124,7 +125,8 @@ def test_loop_equals_batched(n_kv_heads, mask_kind):
 def test_loop_equals_batched_cross_attention_gqa():
     mha = MultiHeadAttention(24, 6, n_kv_heads=2)
     x, ctx = torch.randn(2, 3, 24), torch.randn(2, 8, 24)
-    assert torch.allclose(mha(x, ctx), mha.forward_loop(x, ctx), atol=ATOL)
+    assert torch.allclose(mha(x, context=ctx), mha.forward_loop(x, context=ctx),
+                          atol=ATOL)
 
 
 def test_fused_path_agrees():
@@ -229,7 +231,8 @@ def test_cross_attention_invariant_to_context_order():
     mha = MultiHeadAttention(32, 4)
     x, ctx = torch.randn(2, 3, 32), torch.randn(2, 6, 32)
     perm = torch.randperm(6)
-    assert torch.allclose(mha(x, ctx[:, perm]), mha(x, ctx), atol=ATOL)
+    assert torch.allclose(mha(x, context=ctx[:, perm]), mha(x, context=ctx),
+                          atol=ATOL)
 
 
 def test_causal_future_never_changes_past():
@@ -330,3 +333,65 @@ def test_split_and_merge_heads_against_loop():
     assert torch.equal(merge_heads(s), x)
     # the tempting x.view(B, H, T, d_k) is a different (wrong) split
     assert not torch.equal(x.view(2, 3, 5, 4), s)
+
+
+# ------------------------------------------------------ the RoPE hook
+def rope_attention(d_model, n_heads, **kw):
+    """MultiHeadAttention with its position hook set to RoPE."""
+    return MultiHeadAttention(d_model, n_heads, bias=False, rope=RotaryEmbedding(
+        d_model // n_heads), **kw)
+
+def test_rope_attention_matches_complex_reference():
+    attn = rope_attention(16, 2, n_kv_heads=1)
+    x = torch.randn(1, 5, 16)
+    T, d = 5, attn.head_dim
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    rot = torch.polar(torch.ones(T, d // 2, dtype=torch.float64),
+                      torch.arange(T)[:, None] * theta)      # e^{i m theta}
+
+    def rope(z):  # halves pairing: feature i with i + d/2
+        zc = torch.complex(z[..., : d // 2].double(), z[..., d // 2:].double())
+        zc = zc * rot
+        return torch.cat([zc.real, zc.imag], -1).float()
+
+    q = attn.q_proj(x).view(1, T, 2, d).transpose(1, 2)
+    k = attn.k_proj(x).view(1, T, 1, d).transpose(1, 2)
+    v = attn.v_proj(x).view(1, T, 1, d).transpose(1, 2)
+    s = rope(q) @ rope(k).transpose(-1, -2) / d ** 0.5
+    s = s.masked_fill(~causal_mask(T), float("-inf"))
+    heads = torch.softmax(s, -1) @ v                         # (1, 2, T, d)
+    expected = attn.o_proj(heads.transpose(1, 2).reshape(1, T, 16))
+    assert torch.allclose(attn(x, mask=causal_mask(T)), expected, atol=1e-5)
+
+
+def test_rope_attention_is_shift_invariant():
+    attn = rope_attention(16, 4)
+    x = torch.randn(2, 6, 16)
+    mask = causal_mask(6)
+    a = attn(x, mask=mask)
+    b = attn(x, mask=mask, positions=torch.arange(6) + 37)
+    assert torch.allclose(a, b, atol=1e-4)
+    # without positions it would be permutation-equivariant; with RoPE not
+    perm = torch.tensor([1, 0, 2, 3, 4, 5])
+    c = attn(x[:, perm])[:, perm]
+    assert not torch.allclose(attn(x), c, atol=1e-3)
+
+
+
+def test_rope_hook_forward_loop_equals_forward():
+    attn = rope_attention(16, 4, n_kv_heads=2)
+    x, mask = torch.randn(2, 6, 16), causal_mask(6)
+    pos = torch.arange(6) + 5
+    torch.testing.assert_close(attn.forward_loop(x, mask, positions=pos),
+                               attn(x, mask, positions=pos),
+                               atol=ATOL, rtol=ATOL)
+
+
+def test_rope_hook_bad_inputs():
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        RotaryEmbedding(7)
+    with pytest.raises(ValueError, match="rope must be None or a "
+                       "RotaryEmbedding with head_dim=4"):
+        MultiHeadAttention(8, 2, rope=RotaryEmbedding(8))
+    with pytest.raises(ValueError, match="x must have last dim head_dim=8"):
+        RotaryEmbedding(8)(torch.randn(1, 3, 6), torch.arange(3))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib.attention import causal_mask
+from course_lib.masking import causal_mask
 from course_lib.decoding import generate
 from course_lib.kv_cache import KVCache, LayerKVCache, kv_cache_bytes
 from course_lib.mla import MLAConfig, MultiHeadLatentAttention, \

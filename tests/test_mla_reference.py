@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.cache_utils import DynamicCache  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds  # noqa
 
-from course_lib.attention import causal_mask  # noqa: E402
+from course_lib.masking import causal_mask  # noqa: E402
 from course_lib.kv_cache import LayerKVCache  # noqa: E402
 from course_lib.mla import MLAConfig, MultiHeadLatentAttention  # noqa: E402
 from course_lib.positional import rope_permutation  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.attention import causal_mask
+from course_lib.masking import causal_mask
 from course_lib.models import (DecoderLM, DecoderLMConfig, Transformer,
                                TransformerConfig, num_parameters,
                                decoder_lm_param_count, greedy_decode,
