@@ -27,6 +27,7 @@ from page_weight import page_weight, shared_bytes  # noqa: E402
 import kv_cache_bench  # noqa: E402
 import mla_bench  # noqa: E402
 import moe_bench  # noqa: E402
+import training_bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results.md"
@@ -115,8 +116,7 @@ def attention_rows() -> list[str]:
 
 def training_rows() -> list[str]:
     """Chapter 7: training throughput and the LM's gap to its floor."""
-    from course_lib.training import benchmark_chapter7
-    r = benchmark_chapter7()
+    r = training_bench.benchmark_chapter7()
     return ["", "## Chapter 7: training on this CPU (one run each)", "",
             "| quantity | value |", "|---|---:|",
             f"| decoder-only LM, training tokens/s | "

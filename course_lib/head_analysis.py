@@ -30,6 +30,7 @@ from torch import nn
 
 from .masking import causal_mask
 from .mha import MultiHeadAttention
+from .special_tokens import IGNORE
 from .validation import check_int
 
 __all__ = ["BOS", "IGNORE", "induction_batch", "TinyAttentionModel",
@@ -37,7 +38,6 @@ __all__ = ["BOS", "IGNORE", "induction_batch", "TinyAttentionModel",
            "head_distance"]
 
 BOS = 0          # beginning-of-sequence token id
-IGNORE = -100    # target id skipped by cross_entropy (its default)
 
 
 def induction_batch(batch_size: int, *, length: int = 24,

@@ -5,7 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib import data as D
+from course_lib import markov as Mk
+from course_lib import special_tokens as ST
+from course_lib import translation_task as TT
 from course_lib import training as T
 
 
@@ -28,7 +30,7 @@ class Bigram(nn.Module):
 
 
 def _source():
-    return D.random_markov_source(vocab_size=8, order=1, branching=3, seed=0)
+    return Mk.random_markov_source(vocab_size=8, order=1, branching=3, seed=0)
 
 
 # --------------------------------------------------------------- schedule
@@ -61,7 +63,7 @@ def test_schedule_bad_inputs():
 
 def test_train_applies_the_schedule():
     model = Bigram()
-    batches = D.lm_batches(_source(), batch_size=4, length=8)
+    batches = Mk.lm_batches(_source(), batch_size=4, length=8)
     hist = T.train(model, batches, steps=6, lr=0.01, warmup_steps=3,
                    schedule="cosine", progress=False)
     expected = [0.01 * T.lr_multiplier(s, warmup_steps=3, total_steps=6,
@@ -89,7 +91,7 @@ def test_one_step_matches_adamw_formula():
     """First AdamW step: m_hat = g, v_hat = g^2, so the update is
     -lr * (g / (|g| + eps) + wd * w) for a decayed matrix."""
     model = Bigram()
-    batch = next(D.lm_batches(_source(), batch_size=4, length=8))
+    batch = next(Mk.lm_batches(_source(), batch_size=4, length=8))
     w0 = model.out.weight.detach().clone()
     loss = T.next_token_loss(model, batch)
     g = torch.autograd.grad(loss, model.out.weight)[0]
@@ -104,8 +106,8 @@ def test_one_step_matches_adamw_formula():
 def test_loss_decreases_to_near_the_entropy_floor():
     src = _source()
     model = Bigram()
-    val = next(D.lm_batches(src, batch_size=64, length=32, seed=99))
-    hist = T.train(model, D.lm_batches(src, batch_size=16, length=32),
+    val = next(Mk.lm_batches(src, batch_size=64, length=32, seed=99))
+    hist = T.train(model, Mk.lm_batches(src, batch_size=16, length=32),
                    steps=150, lr=0.03, warmup_steps=10,
                    eval_fn=lambda m: T.next_token_loss(m, val).item(),
                    eval_every=50, progress=False)
@@ -113,14 +115,14 @@ def test_loss_decreases_to_near_the_entropy_floor():
     assert hist.val_loss[-1] < hist.val_loss[0] < math.log(8)
     assert sum(hist.loss[-10:]) / 10 < sum(hist.loss[:10]) / 10 - 0.5
     # a bigram table is the right model for an order-1 chain
-    assert hist.val_loss[-1] < D.entropy_rate(src) + 0.1
+    assert hist.val_loss[-1] < Mk.entropy_rate(src) + 0.1
     assert hist.tokens == 150 * 16 * 32
     assert model.training                      # eval did not leave it off
 
 
 def test_clipping_bounds_the_gradient_norm():
     model = Bigram()
-    batch = next(D.lm_batches(_source(), batch_size=4, length=8))
+    batch = next(Mk.lm_batches(_source(), batch_size=4, length=8))
     seen = []
 
     def loss_fn(m, b):
@@ -145,7 +147,7 @@ def test_same_seed_same_run_and_dropout_uses_the_seed():
         torch.manual_seed(0)
         model = nn.Sequential(nn.Embedding(8, 16), nn.Dropout(0.5),
                               nn.Linear(16, 8))
-        hist = T.train(model, D.lm_batches(_source(), batch_size=4,
+        hist = T.train(model, Mk.lm_batches(_source(), batch_size=4,
                                            length=8),
                        steps=5, lr=1e-2, seed=seed, progress=False)
         return hist.loss
@@ -155,7 +157,7 @@ def test_same_seed_same_run_and_dropout_uses_the_seed():
 
 def test_train_bad_inputs():
     model = Bigram()
-    batches = D.lm_batches(_source(), batch_size=2, length=4)
+    batches = Mk.lm_batches(_source(), batch_size=2, length=4)
     with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
         T.train(model, batches, steps=0, lr=1e-3)
     with pytest.raises(ValueError, match="clip_norm must be > 0"):
@@ -167,7 +169,7 @@ def test_train_bad_inputs():
 # ------------------------------------------------------------ checkpoints
 def test_checkpoint_round_trip_identical_outputs_and_resume(tmp_path):
     src = _source()
-    batches = [next(D.lm_batches(src, batch_size=4, length=8, seed=s))
+    batches = [next(Mk.lm_batches(src, batch_size=4, length=8, seed=s))
                for s in range(10)]
     x = batches[0][0]
 
@@ -211,36 +213,36 @@ def test_checkpoint_bad_inputs(tmp_path):
 # ------------------------------------------------------ chapter-7 recipes
 def test_seq2seq_loss_ignores_padding():
     from course_lib.models import Transformer, TransformerConfig
-    task = D.make_translation_task()
+    task = TT.make_translation_task()
     model = Transformer(TransformerConfig(
         src_vocab_size=19, tgt_vocab_size=19, d_model=16, n_heads=2,
         d_ff=32, n_layers=1, dropout=0.0, max_len=16,
         share_src_tgt_embeddings=False)).eval()
-    src, tgt_in, tgt_out = D.collate_translation(task, task.train[:8])
-    loss = T.seq2seq_loss(model, (src, tgt_in, tgt_out))
-    logits = model(src, tgt_in, src_lengths=(src != D.PAD).sum(1).tolist())
-    keep = tgt_out != D.IGNORE
+    src, tgt_in, tgt_out = TT.collate_translation(task, task.train[:8])
+    loss = TT.seq2seq_loss(model, (src, tgt_in, tgt_out))
+    logits = model(src, tgt_in, src_lengths=(src != ST.PAD).sum(1).tolist())
+    keep = tgt_out != ST.IGNORE
     manual = -logits.log_softmax(-1).gather(
         -1, tgt_out.clamp(min=0)[..., None])[..., 0][keep].mean()
     assert torch.allclose(loss, manual, atol=1e-6)
     # more padding on the source side changes nothing: it is masked
-    wider = torch.cat([src, torch.full((8, 3), D.PAD)], dim=1)
-    assert torch.allclose(T.seq2seq_loss(model, (wider, tgt_in, tgt_out)),
+    wider = torch.cat([src, torch.full((8, 3), ST.PAD)], dim=1)
+    assert torch.allclose(TT.seq2seq_loss(model, (wider, tgt_in, tgt_out)),
                           loss, atol=1e-5)
 
 
 def test_recipes_are_deterministic_and_wired():
-    a = T.train_toy_translation(steps=3, warmup_steps=1, eval_every=0)
-    b = T.train_toy_translation(steps=3, warmup_steps=1, eval_every=0)
+    a = TT.train_toy_translation(steps=3, warmup_steps=1, eval_every=0)
+    b = TT.train_toy_translation(steps=3, warmup_steps=1, eval_every=0)
     assert a.history.loss == b.history.loss and not a.model.training
     assert len(a.history.val_loss) == 1
-    out = T.greedy_translate(a.model, a.task, [["cat", "sees", "dog"]])
+    out = TT.greedy_translate(a.model, a.task, [["cat", "sees", "dog"]])
     assert len(out) == 1 and all(w in a.task.tgt_vocab for w in out[0])
-    lm = T.train_synthetic_lm(steps=3, warmup_steps=1, eval_every=0)
-    lm2 = T.train_synthetic_lm(steps=3, warmup_steps=1, eval_every=0)
+    lm = Mk.train_synthetic_lm(steps=3, warmup_steps=1, eval_every=0)
+    lm2 = Mk.train_synthetic_lm(steps=3, warmup_steps=1, eval_every=0)
     assert lm.history.loss == lm2.history.loss
     assert lm.model.config.vocab_size == lm.source.vocab_size == 16
-    assert abs(lm.entropy_rate - D.entropy_rate(lm.source)) < 1e-12
+    assert abs(lm.entropy_rate - Mk.entropy_rate(lm.source)) < 1e-12
     # the true model's loss on 128 x 63 validation tokens is close to h
     assert abs(lm.val_floor - lm.entropy_rate) < 0.03
     assert lm.history.val_loss[-1] > lm.entropy_rate   # untrained: above
@@ -248,11 +250,11 @@ def test_recipes_are_deterministic_and_wired():
 
 def test_next_token_loss_matches_a_loop_and_skips_ignore():
     model = Bigram()
-    inputs, targets = next(D.lm_batches(_source(), batch_size=3, length=5))
-    targets[1, 2] = T.IGNORE
+    inputs, targets = next(Mk.lm_batches(_source(), batch_size=3, length=5))
+    targets[1, 2] = ST.IGNORE
     logp = model(inputs).log_softmax(-1)
     terms = [-logp[b, t, targets[b, t]] for b in range(3) for t in range(5)
-             if targets[b, t] != T.IGNORE]
+             if targets[b, t] != ST.IGNORE]
     expected = torch.stack(terms).mean()
     assert torch.allclose(T.next_token_loss(model, (inputs, targets)),
                           expected, atol=1e-6)

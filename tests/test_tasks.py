@@ -1,10 +1,13 @@
-"""Tests for course_lib.data: the toy translation and the synthetic language."""
+"""Tests for course_lib.translation_task and course_lib.markov: the toy
+translation and the synthetic language (chapter 7)."""
 import math
 
 import pytest
 import torch
 
-from course_lib import data as D
+from course_lib import markov as Mk
+from course_lib import special_tokens as ST
+from course_lib import translation_task as TT
 
 
 @pytest.fixture(autouse=True)
@@ -14,11 +17,11 @@ def _seed():
 
 # ------------------------------------------------------------ translation
 def test_translate_reorders_and_translates():
-    assert D.translate("big cat sees small dog".split()) == \
+    assert TT.translate("big cat sees small dog".split()) == \
         ["KATZE", "GROSS", "HUND", "KLEIN", "SIEHT"]
-    assert D.translate("cat chases old mouse".split()) == \
+    assert TT.translate("cat chases old mouse".split()) == \
         ["KATZE", "MAUS", "ALT", "JAGT"]
-    assert D.translate("fast horse finds fish".split()) == \
+    assert TT.translate("fast horse finds fish".split()) == \
         ["PFERD", "SCHNELL", "FISCH", "FINDET"]
 
 
@@ -27,81 +30,81 @@ def test_translate_reorders_and_translates():
                                  "cat sees big", ""])
 def test_translate_rejects_ungrammatical(bad):
     with pytest.raises(ValueError, match="words must read"):
-        D.translate(bad.split())
+        TT.translate(bad.split())
 
 
 def test_task_split_is_complete_disjoint_and_seeded():
-    task = D.make_translation_task(held_out_fraction=0.2, seed=0)
+    task = TT.make_translation_task(held_out_fraction=0.2, seed=0)
     train = {" ".join(s) for s, _ in task.train}
     held = {" ".join(s) for s, _ in task.held_out}
     # 6 nouns x 6 adjective choices, twice, times 5 verbs
     assert len(train) + len(held) == 36 * 5 * 36 == 6480
     assert not train & held
     assert len(held) == round(0.2 * 6480)
-    again = D.make_translation_task(held_out_fraction=0.2, seed=0)
+    again = TT.make_translation_task(held_out_fraction=0.2, seed=0)
     assert again.held_out == task.held_out
-    other = D.make_translation_task(held_out_fraction=0.2, seed=1)
+    other = TT.make_translation_task(held_out_fraction=0.2, seed=1)
     assert other.held_out != task.held_out
     for s, t in task.train[:50]:
-        assert t == D.translate(s)
+        assert t == TT.translate(s)
 
 
 def test_vocab_specials_and_round_trip():
-    task = D.make_translation_task()
+    task = TT.make_translation_task()
     for vocab in (task.src_vocab, task.tgt_vocab):
-        assert vocab[D.PAD] == "<pad>" and vocab[D.BOS] == "<bos>"
-        assert vocab[D.EOS] == "<eos>" and len(set(vocab)) == len(vocab)
+        assert vocab[ST.PAD] == "<pad>" and vocab[ST.BOS] == "<bos>"
+        assert vocab[ST.EOS] == "<eos>" and len(set(vocab)) == len(vocab)
     src, tgt = task.held_out[0]
     ids = task.encode_tgt(tgt)
-    assert ids[0] == D.BOS and ids[-1] == D.EOS
+    assert ids[0] == ST.BOS and ids[-1] == ST.EOS
     assert task.decode_tgt(ids) == tgt
     assert task.decode_tgt(torch.tensor(ids + [7, 7])) == tgt  # stops at EOS
-    assert task.encode_src(src)[-1] == D.EOS
+    assert task.encode_src(src)[-1] == ST.EOS
 
 
 def test_collate_shifts_targets_by_one_and_pads():
-    task = D.make_translation_task()
+    task = TT.make_translation_task()
     pairs = task.train[:16]
-    src, tgt_in, tgt_out = D.collate_translation(task, pairs)
+    src, tgt_in, tgt_out = TT.collate_translation(task, pairs)
     lengths = [len(s) + 1 for s, _ in pairs]
     assert src.shape == (16, max(lengths))
     for b, (s, t) in enumerate(pairs):
         n = len(t) + 1                     # BOS + words, or words + EOS
         assert src[b, :len(s) + 1].tolist() == task.encode_src(s)
-        assert (src[b, len(s) + 1:] == D.PAD).all()
-        assert tgt_in[b, 0] == D.BOS
+        assert (src[b, len(s) + 1:] == ST.PAD).all()
+        assert tgt_in[b, 0] == ST.BOS
         # teacher forcing: the input at t+1 is the target at t
         assert torch.equal(tgt_in[b, 1:n], tgt_out[b, :n - 1])
-        assert tgt_out[b, n - 1] == D.EOS
-        assert (tgt_out[b, n:] == D.IGNORE).all()
-        assert (tgt_in[b, n:] == D.PAD).all()
+        assert tgt_out[b, n - 1] == ST.EOS
+        assert (tgt_out[b, n:] == ST.IGNORE).all()
+        assert (tgt_in[b, n:] == ST.PAD).all()
 
 
 def test_translation_batches_cover_an_epoch_without_repeats():
-    task = D.make_translation_task(held_out_fraction=0.5)
+    task = TT.make_translation_task(held_out_fraction=0.5)
     n = len(task.train) // 40
-    it = D.translation_batches(task, batch_size=40, seed=3)
+    it = TT.translation_batches(task, batch_size=40, seed=3)
     seen = [tuple(r.tolist()) for _ in range(n) for r in next(it)[0]]
     assert len(seen) == len(set(seen)) == 40 * n
-    first = next(D.translation_batches(task, batch_size=4, seed=3))
-    again = next(D.translation_batches(task, batch_size=4, seed=3))
+    first = next(TT.translation_batches(task, batch_size=4, seed=3))
+    again = next(TT.translation_batches(task, batch_size=4, seed=3))
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
 def test_translation_bad_inputs():
     with pytest.raises(ValueError, match="held_out_fraction"):
-        D.make_translation_task(held_out_fraction=1.0)
-    task = D.make_translation_task()
+        TT.make_translation_task(held_out_fraction=1.0)
+    task = TT.make_translation_task()
     with pytest.raises(ValueError, match="pairs must be"):
-        D.collate_translation(task, [])
+        TT.collate_translation(task, [])
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
-        next(D.translation_batches(task, batch_size=0))
+        next(TT.translation_batches(task, batch_size=0))
 
 
 # ------------------------------------------------------ synthetic language
 @pytest.fixture(scope="module")
 def source():
-    return D.random_markov_source(vocab_size=8, order=2, branching=3,
+    return Mk.random_markov_source(vocab_size=8, order=2, branching=3,
                                   seed=0)
 
 
@@ -110,20 +113,20 @@ def test_source_rows_are_sparse_distributions(source):
     assert P.shape == (64, 8) and P.dtype == torch.float64
     assert torch.allclose(P.sum(-1), torch.ones(64, dtype=torch.float64))
     assert ((P > 0).sum(-1) == 3).all()
-    again = D.random_markov_source(vocab_size=8, order=2, branching=3,
+    again = Mk.random_markov_source(vocab_size=8, order=2, branching=3,
                                    seed=0)
     assert torch.equal(again.probs, P)
 
 
 def test_stationary_distribution_is_invariant_and_matches_samples(source):
-    pi = D.stationary_distribution(source)
-    M = D._transition_matrix(source)
+    pi = Mk.stationary_distribution(source)
+    M = Mk._transition_matrix(source)
     assert torch.allclose(M.sum(-1), torch.ones(64, dtype=torch.float64))
     assert math.isclose(pi.sum().item(), 1.0, abs_tol=1e-12)
     assert (pi >= 0).all()
     assert torch.allclose(pi @ M, pi, atol=1e-12)
     # long-run context frequencies approach pi
-    seqs = D.sample_markov(source, n_sequences=400, length=500,
+    seqs = Mk.sample_markov(source, n_sequences=400, length=500,
                            generator=torch.Generator().manual_seed(1))
     ctx = source.context_ids(seqs).flatten()
     freq = torch.bincount(ctx, minlength=64).double() / ctx.numel()
@@ -140,7 +143,7 @@ def test_context_ids_loop_reference(source):
 
 def test_entropy_rate_closed_form_cases():
     # order 1, two symbols, "flip" probabilities a and b: pi = (b, a)/(a+b)
-    src = D.random_markov_source(vocab_size=2, order=1, branching=2, seed=0)
+    src = Mk.random_markov_source(vocab_size=2, order=1, branching=2, seed=0)
     (p00, p01), (p10, p11) = src.probs.tolist()
     a, b = p01, p10
 
@@ -148,33 +151,33 @@ def test_entropy_rate_closed_form_cases():
         return -sum(x * math.log(x) for x in p if x > 0)
 
     expected = (b * H([p00, p01]) + a * H([p10, p11])) / (a + b)
-    assert math.isclose(D.entropy_rate(src), expected, rel_tol=1e-10)
+    assert math.isclose(Mk.entropy_rate(src), expected, rel_tol=1e-10)
     # branching 1: every next symbol is determined, entropy rate 0
-    det = D.random_markov_source(vocab_size=5, order=2, branching=1, seed=0)
-    assert abs(D.entropy_rate(det)) < 1e-12
+    det = Mk.random_markov_source(vocab_size=5, order=2, branching=1, seed=0)
+    assert abs(Mk.entropy_rate(det)) < 1e-12
 
 
 def test_entropy_rate_equals_monte_carlo(source):
     """-mean log p over long stationary samples converges to h."""
-    h = D.entropy_rate(source)
-    seqs = D.sample_markov(source, n_sequences=400, length=1000,
+    h = Mk.entropy_rate(source)
+    seqs = Mk.sample_markov(source, n_sequences=400, length=1000,
                            generator=torch.Generator().manual_seed(7))
-    per_seq = D.token_nll(source, seqs).mean(1)          # (400,)
+    per_seq = Mk.token_nll(source, seqs).mean(1)          # (400,)
     mc = per_seq.mean().item()
     se = per_seq.std().item() / math.sqrt(len(per_seq))
     assert abs(mc - h) < 4 * se, (mc, h, se)
     assert se < 0.003               # the test is sharp, not vacuous
     # and the samples only ever use allowed transitions
-    assert torch.isfinite(D.token_nll(source, seqs)).all()
+    assert torch.isfinite(Mk.token_nll(source, seqs)).all()
 
 
 def test_lm_batches_shift_and_ignore(source):
-    inputs, targets = next(D.lm_batches(source, batch_size=4, length=10,
+    inputs, targets = next(Mk.lm_batches(source, batch_size=4, length=10,
                                         seed=0))
     assert inputs.shape == targets.shape == (4, 10)
-    assert (targets[:, 0] == D.IGNORE).all()          # order - 1 = 1
+    assert (targets[:, 0] == ST.IGNORE).all()          # order - 1 = 1
     assert torch.equal(inputs[:, 2:], targets[:, 1:-1])
-    again = next(D.lm_batches(source, batch_size=4, length=10, seed=0))
+    again = next(Mk.lm_batches(source, batch_size=4, length=10, seed=0))
     assert torch.equal(again[0], inputs)
 
 
@@ -184,14 +187,14 @@ def test_decode_letters(source):
 
 def test_markov_bad_inputs(source):
     with pytest.raises(ValueError, match="branching must be <= vocab_size"):
-        D.random_markov_source(vocab_size=4, branching=5)
+        Mk.random_markov_source(vocab_size=4, branching=5)
     with pytest.raises(ValueError, match="vocab_size must be <= 26"):
-        D.random_markov_source(vocab_size=40, order=2)
+        Mk.random_markov_source(vocab_size=40, order=2)
     with pytest.raises(ValueError, match="concentration must be > 0"):
-        D.random_markov_source(concentration=0.0)
+        Mk.random_markov_source(concentration=0.0)
     with pytest.raises(ValueError, match="order must be >= 1, got 0"):
-        D.random_markov_source(order=0)
+        Mk.random_markov_source(order=0)
     with pytest.raises(ValueError, match="length must be >= 2, got 1"):
-        D.sample_markov(source, n_sequences=2, length=1)
+        Mk.sample_markov(source, n_sequences=2, length=1)
     with pytest.raises(ValueError, match="seqs must have shape"):
-        D.token_nll(source, torch.zeros(2, 2, dtype=torch.long))
+        Mk.token_nll(source, torch.zeros(2, 2, dtype=torch.long))

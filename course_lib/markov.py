@@ -1,15 +1,6 @@
-r"""Two tasks with known answers: a toy translation, a synthetic language.
+r"""A synthetic language with an exact entropy rate, and its training recipe.
 
-**Toy translation.** The source language is English-like, subject-verb-object
-with adjectives before nouns: ``big cat sees small dog``. The target language
-puts the verb last and adjectives after their nouns, and has its own words:
-``CAT BIG DOG SMALL SEE``. Every source word has exactly one translation, so
-the task is solved once a model has learned the lexicon and the reordering;
-the reordering is what makes cross-attention interesting to look at. A share
-of all sentences is held out, so greedy decoding is tested on combinations
-the model never saw.
-
-**Synthetic language.** Symbols are drawn by a Markov chain of order $k$
+Symbols are drawn by a Markov chain of order $k$
 over $V$ symbols: the next symbol depends on the last $k$ only,
 $p(x_t \mid x_{<t}) = P[c_t, x_t]$ with context $c_t = (x_{t-k}, \dots,
 x_{t-1})$. Each context allows only a few successors, with random
@@ -22,8 +13,11 @@ where $\pi$ is the stationary distribution over contexts. No model can have
 a lower expected cross-entropy per token, so $h$ is the floor for the
 validation loss of a language model trained on this process.
 
-Shape letters: B batch, S source length, T target or sequence length,
-V vocabulary (number of symbols), C number of contexts ($V^k$).
+The recipe :func:`train_synthetic_lm` trains chapter 7's decoder-only
+model on it with the one loop of :mod:`course_lib.training`.
+
+Shape letters: B batch, T sequence length, V vocabulary (number of
+symbols), C number of contexts ($V^k$).
 
 Introduced in chapter 7.
 """
@@ -33,174 +27,18 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from torch import nn
 
+from .special_tokens import IGNORE
+from .training import History, next_token_loss, train
 from .validation import check_int
 
-__all__ = ["PAD", "BOS", "EOS", "IGNORE", "SPECIALS", "TranslationTask",
-           "translate", "make_translation_task", "collate_translation",
-           "translation_batches", "MarkovSource", "random_markov_source",
-           "stationary_distribution", "entropy_rate", "sample_markov",
-           "token_nll", "lm_batches"]
-
-PAD, BOS, EOS = 0, 1, 2          # the same ids in both vocabularies
-SPECIALS = ["<pad>", "<bos>", "<eos>"]
-IGNORE = -100                    # target id skipped by F.cross_entropy
-
-# source word -> target word; the target words are the "foreign" lexicon
-NOUNS = {"cat": "KATZE", "dog": "HUND", "bird": "VOGEL", "fish": "FISCH",
-         "mouse": "MAUS", "horse": "PFERD"}
-VERBS = {"sees": "SIEHT", "likes": "MAG", "chases": "JAGT",
-         "bites": "BEISST", "finds": "FINDET"}
-ADJECTIVES = {"big": "GROSS", "small": "KLEIN", "red": "ROT",
-              "old": "ALT", "fast": "SCHNELL"}
-LEXICON = {**NOUNS, **VERBS, **ADJECTIVES}
-
-
-# ------------------------------------------------------------ translation
-def translate(words: list[str]) -> list[str]:
-    """The reference translation of a source sentence.
-
-    ``[adj] noun verb [adj] noun`` becomes ``noun [adj] noun [adj] verb``
-    with every word looked up in the lexicon: subject-object-verb order,
-    adjectives after their nouns.
-
-    Introduced in chapter 7.
-    """
-    words = list(words)
-    bad = ValueError(f"words must read '[adj] noun verb [adj] noun', "
-                     f"got {' '.join(words)!r}")
-
-    def phrase(i):            # "[adj] noun" at i -> ("NOUN [ADJ]", next i)
-        adj = None
-        if i < len(words) and words[i] in ADJECTIVES:
-            adj, i = words[i], i + 1
-        if i >= len(words) or words[i] not in NOUNS:
-            raise bad
-        return [LEXICON[words[i]]] + ([LEXICON[adj]] if adj else []), i + 1
-
-    subject, i = phrase(0)
-    if i >= len(words) or words[i] not in VERBS:
-        raise bad
-    verb = LEXICON[words[i]]
-    obj, i = phrase(i + 1)
-    if i != len(words):
-        raise bad
-    # subject - object - verb, adjectives after their nouns
-    return subject + obj + [verb]
-
-
-@dataclass(frozen=True)
-class TranslationTask:
-    """Vocabularies and the train/held-out split of the toy translation.
-
-    ``train`` and ``held_out`` hold (source words, target words) pairs.
-    Ids 0, 1, 2 are ``<pad>``, ``<bos>``, ``<eos>`` in both vocabularies.
-
-    Introduced in chapter 7.
-    """
-
-    src_vocab: list[str]
-    tgt_vocab: list[str]
-    train: list[tuple[list[str], list[str]]]
-    held_out: list[tuple[list[str], list[str]]]
-
-    def encode_src(self, words: list[str]) -> list[int]:
-        """Source words -> ids, with ``<eos>`` appended."""
-        return [self.src_vocab.index(w) for w in words] + [EOS]
-
-    def encode_tgt(self, words: list[str]) -> list[int]:
-        """Target words -> ids, wrapped in ``<bos>`` ... ``<eos>``."""
-        return [BOS] + [self.tgt_vocab.index(w) for w in words] + [EOS]
-
-    def decode_tgt(self, ids) -> list[str]:
-        """Target ids -> words, stopping at ``<eos>``; specials dropped."""
-        out = []
-        for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids):
-            if i == EOS:
-                break
-            if i not in (PAD, BOS):
-                out.append(self.tgt_vocab[i])
-        return out
-
-
-def make_translation_task(*, held_out_fraction: float = 0.2,
-                          seed: int = 0) -> TranslationTask:
-    """All ``[adj] noun verb [adj] noun`` sentences, split at random.
-
-    6 nouns x 6 adjective choices (5 or none), 5 verbs, again 6 x 6 for
-    the object: 6480 sentences of 3 to 5 words.
-
-    Args:
-        held_out_fraction: share of sentences never used for training.
-        seed: seed of the split.
-
-    Returns:
-        A :class:`TranslationTask`.
-
-    Introduced in chapter 7.
-    """
-    if not 0.0 < held_out_fraction < 1.0:
-        raise ValueError(f"held_out_fraction must be in (0, 1), got "
-                         f"{held_out_fraction}")
-    phrases = [[n] if a is None else [a, n]
-               for n in NOUNS for a in [None, *ADJECTIVES]]
-    sentences = [s + [v] + o
-                 for s, v, o in itertools.product(phrases, VERBS, phrases)]
-    random.Random(seed).shuffle(sentences)
-    n_held = round(held_out_fraction * len(sentences))
-    pairs = [(s, translate(s)) for s in sentences]
-    src_vocab = SPECIALS + list(NOUNS) + list(VERBS) + list(ADJECTIVES)
-    tgt_vocab = SPECIALS + [LEXICON[w] for w in src_vocab[3:]]
-    return TranslationTask(src_vocab, tgt_vocab, pairs[n_held:],
-                           pairs[:n_held])
-
-
-def collate_translation(task: TranslationTask, pairs):
-    r"""Pad a list of pairs into the three tensors teacher forcing needs.
-
-    The decoder reads ``tgt_in`` = ``<bos> y_1 ... y_n`` and must predict
-    ``tgt_out`` = ``y_1 ... y_n <eos>``: the same sequence shifted by one.
-
-    Returns:
-        ``src`` (B, S), ``tgt_in`` (B, T), ``tgt_out`` (B, T), long, padded
-        with ``PAD`` (``tgt_out`` with ``IGNORE``, which the loss skips).
-
-    Introduced in chapter 7.
-    """
-    if not pairs:
-        raise ValueError("pairs must be a non-empty list, got 0 pairs")
-    srcs = [task.encode_src(s) for s, _ in pairs]
-    tgts = [task.encode_tgt(t) for _, t in pairs]
-    S, T = max(map(len, srcs)), max(map(len, tgts)) - 1
-    src = torch.full((len(pairs), S), PAD, dtype=torch.long)
-    tgt_in = torch.full((len(pairs), T), PAD, dtype=torch.long)
-    tgt_out = torch.full((len(pairs), T), IGNORE, dtype=torch.long)
-    for b, (s, t) in enumerate(zip(srcs, tgts)):
-        src[b, :len(s)] = torch.tensor(s)
-        tgt_in[b, :len(t) - 1] = torch.tensor(t[:-1])
-        tgt_out[b, :len(t) - 1] = torch.tensor(t[1:])
-    return src, tgt_in, tgt_out
-
-
-def translation_batches(task: TranslationTask, *, batch_size: int,
-                        seed: int = 0):
-    """Endless shuffled batches of training pairs (epoch after epoch).
-
-    Yields:
-        ``(src, tgt_in, tgt_out)`` from :func:`collate_translation`.
-
-    Introduced in chapter 7.
-    """
-    check_int("batch_size", batch_size, minimum=1)
-    rng = random.Random(seed)
-    order = list(range(len(task.train)))
-    while True:
-        rng.shuffle(order)
-        for i in range(0, len(order) - batch_size + 1, batch_size):
-            yield collate_translation(
-                task, [task.train[j] for j in order[i:i + batch_size]])
+__all__ = ["MarkovSource", "random_markov_source", "stationary_distribution",
+           "entropy_rate", "sample_markov", "token_nll", "lm_batches",
+           "LMRun", "train_synthetic_lm"]
 
 
 # ------------------------------------------------------ synthetic language
@@ -412,3 +250,49 @@ def lm_batches(source: MarkovSource, *, batch_size: int, length: int,
         targets = seqs[:, 1:].clone()
         targets[:, :source.order - 1] = IGNORE
         yield seqs[:, :-1], targets
+
+
+# ------------------------------------------------------------ training recipe
+class LMRun(NamedTuple):
+    """Result of :func:`train_synthetic_lm`."""
+    model: nn.Module                 # a trained DecoderLM, in eval mode
+    history: History
+    source: MarkovSource           # the language it was trained on
+    val_batch: tuple                 # (inputs, targets) of the val loss
+    entropy_rate: float              # exact floor, nats per token
+    val_floor: float                 # true -log p on val_batch's targets
+
+
+def train_synthetic_lm(*, seed: int = 0, steps: int = 300,
+                       batch_size: int = 32, length: int = 64,
+                       lr: float = 1e-2, warmup_steps: int = 30,
+                       schedule: str = "cosine", eval_every: int = 25,
+                       progress: bool = False) -> LMRun:
+    r"""Train chapter 7's decoder-only LM on its synthetic language.
+
+    Language: :func:`random_markov_source` with 16
+    symbols, order 2, 3 successors per context (seed 0, whatever ``seed``
+    is). Model: a Llama-style :class:`~course_lib.models.DecoderLM`
+    (RoPE, RMSNorm, SwiGLU), 2 layers, $D = 64$, 4 heads, context 64.
+    ``seed`` sets the initialisation, the dropout stream and the data.
+
+    Introduced in chapter 7.
+    """
+    from .models import DecoderLM, DecoderLMConfig
+    source = random_markov_source(vocab_size=16, order=2, branching=3,
+                                  seed=0)
+    val = next(lm_batches(source, batch_size=128, length=length,
+                          seed=10_000))
+    full = torch.cat([val[0], val[1][:, -1:]], dim=1)     # (B, T + 1)
+    val_floor = token_nll(source, full).mean().item()
+    torch.manual_seed(seed)
+    model = DecoderLM(DecoderLMConfig(
+        vocab_size=16, d_model=64, n_heads=4, n_layers=2, max_len=length))
+    history = train(model, lm_batches(source, batch_size=batch_size,
+                                      length=length, seed=seed + 1),
+                    steps=steps, lr=lr, warmup_steps=warmup_steps,
+                    schedule=schedule, weight_decay=0.1, clip_norm=1.0,
+                    eval_fn=lambda m: next_token_loss(m, val).item(),
+                    eval_every=eval_every, seed=seed, progress=progress)
+    return LMRun(model.eval(), history, source, val,
+                 entropy_rate(source), val_floor)
