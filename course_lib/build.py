@@ -2,7 +2,7 @@ r"""Build the course's model for a configuration of a published model.
 
 :func:`build_small_model` turns a (shrunken)
 :class:`~course_lib.model_configs.ModelConfig` into a
-:class:`~course_lib.models.DecoderLM` made of the course's modules:
+:class:`~course_lib.decoder_lm.DecoderLM` made of the course's modules:
 grouped-query or multi-head latent attention (chapter 10), dense FFNs and
 mixture-of-experts layers (chapter 11). Its parameter count must equal
 the closed form of :func:`course_lib.params.count_parameters`, which is
@@ -15,7 +15,7 @@ from __future__ import annotations
 from .layers import FeedForward, SwiGLU
 from .mla import MLAConfig, MultiHeadLatentAttention
 from .model_configs import ModelConfig
-from .models import DecoderLM, DecoderLMConfig
+from .decoder_lm import DecoderLM, DecoderLMConfig
 from .moe import MoE
 from .params import _check, _head_dim, count_parameters
 from .routing import DeepSeekV3Router, TopKRouter
@@ -27,7 +27,7 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
     r"""Build the course_lib model that ``config`` describes, so that
     ``sum(p.numel())`` can be checked against :func:`count_parameters`.
 
-    A :class:`~course_lib.models.DecoderLM` with the config's shapes;
+    A :class:`~course_lib.decoder_lm.DecoderLM` with the config's shapes;
     ``attention_factory`` gives every layer a
     :class:`~course_lib.mla.MultiHeadLatentAttention` for an MLA config,
     and ``ffn_factory`` gives layers $\ge$ ``first_k_dense_replace`` an

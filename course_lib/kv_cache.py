@@ -125,7 +125,7 @@ class KVCache:
     positions (for RoPE or learned position embeddings) and causal mask
     start there.
 
-    Usage with :class:`~course_lib.models.DecoderLM`::
+    Usage with :class:`~course_lib.decoder_lm.DecoderLM`::
 
         cache = KVCache(model.config.n_layers, max_len=model.config.max_len)
         logits = model(prompt, cache=cache)          # prefill: T0 tokens

@@ -32,7 +32,8 @@ from torch import nn
 from .validation import check_int
 
 __all__ = ["FeedForward", "SwiGLU", "RMSNorm", "make_norm",
-           "ffn_param_count", "swiglu_param_count", "llama_hidden_dim"]
+           "ffn_param_count", "swiglu_param_count", "llama_hidden_dim",
+           "num_parameters"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
@@ -219,3 +220,13 @@ def make_norm(kind: str, d: int, *, eps: float | None = None,
     if kind == "rms":
         return RMSNorm(d, eps=1e-6 if eps is None else eps)
     raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Distinct parameter scalars of a built model (a tied matrix counts
+    once). Chapter 12's :func:`course_lib.params.count_parameters`
+    computes the same number from a configuration, without building.
+
+    Introduced in chapter 6.
+    """
+    return sum(p.numel() for p in model.parameters())

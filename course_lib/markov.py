@@ -32,6 +32,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from .decoder_lm import DecoderLM, DecoderLMConfig
 from .special_tokens import IGNORE
 from .training import History, next_token_loss, train
 from .validation import check_int
@@ -272,13 +273,12 @@ def train_synthetic_lm(*, seed: int = 0, steps: int = 300,
 
     Language: :func:`random_markov_source` with 16
     symbols, order 2, 3 successors per context (seed 0, whatever ``seed``
-    is). Model: a Llama-style :class:`~course_lib.models.DecoderLM`
+    is). Model: a Llama-style :class:`~course_lib.decoder_lm.DecoderLM`
     (RoPE, RMSNorm, SwiGLU), 2 layers, $D = 64$, 4 heads, context 64.
     ``seed`` sets the initialisation, the dropout stream and the data.
 
     Introduced in chapter 7.
     """
-    from .models import DecoderLM, DecoderLMConfig
     source = random_markov_source(vocab_size=16, order=2, branching=3,
                                   seed=0)
     val = next(lm_batches(source, batch_size=128, length=length,

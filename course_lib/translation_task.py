@@ -29,6 +29,7 @@ from torch import nn
 
 from .special_tokens import BOS, EOS, IGNORE, PAD, SPECIALS
 from .training import History, train
+from .transformer import Transformer, TransformerConfig, greedy_decode
 from .validation import check_int
 
 __all__ = ["TranslationTask", "translate", "make_translation_task",
@@ -217,14 +218,13 @@ def translation_model(task: TranslationTask, *, seed: int = 0
                       ) -> nn.Module:
     r"""Chapter 7's encoder-decoder, freshly initialised from ``seed``.
 
-    The paper's post-norm :class:`~course_lib.models.Transformer` shrunk
+    The paper's post-norm :class:`~course_lib.transformer.Transformer` shrunk
     to $N = 2$, $D = 64$, 4 heads, $d_{ff} = 128$, dropout 0.1; separate
     source and target embeddings (the two languages share no words), the
     output projection tied to the target embedding.
 
     Introduced in chapter 7.
     """
-    from .models import Transformer, TransformerConfig
     torch.manual_seed(seed)
     model = Transformer(TransformerConfig(
         src_vocab_size=len(task.src_vocab),
@@ -264,12 +264,11 @@ def train_toy_translation(*, seed: int = 0, steps: int = 200,
 
 def greedy_translate(model: nn.Module, task: TranslationTask,
                      sentences: list[list[str]]) -> list[list[str]]:
-    """Translate source sentences with :func:`~course_lib.models.
+    """Translate source sentences with :func:`~course_lib.transformer.
     greedy_decode`; returns target word lists (EOS and after dropped).
 
     Introduced in chapter 7.
     """
-    from .models import greedy_decode
     src = collate_translation(task, [(s, []) for s in sentences])[0]
     ids = greedy_decode(model, src, max_len=src.shape[1] + 2, bos_id=BOS,
                         eos_id=EOS, src_lengths=(src != PAD).sum(1).tolist())

@@ -13,7 +13,7 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["check_int", "check_real", "check_bool_mask"]
+__all__ = ["check_int", "check_real", "check_bool_mask", "check_token_ids"]
 
 
 def check_int(name: str, value, *, minimum: int) -> None:
@@ -44,3 +44,19 @@ def check_bool_mask(name: str, mask) -> None:
         got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask)
         raise ValueError(f"{name} must be a bool tensor (True = may attend)"
                          f", got {got}")
+
+
+def check_token_ids(name: str, ids, vocab: int, max_len: int) -> None:
+    """``ids`` must be an integer tensor (B, T) of ids in [0, vocab) with
+    T <= max_len."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 \
+            or ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must be an int64 tensor (B, T), got "
+                         f"{getattr(ids, 'dtype', type(ids).__name__)} "
+                         f"{tuple(getattr(ids, 'shape', ()))}")
+    if ids.shape[1] > max_len:
+        raise ValueError(f"{name} has length {ids.shape[1]}, more than "
+                         f"max_len={max_len}")
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"{name} must hold ids in [0, {vocab}), got "
+                         f"[{ids.min().item()}, {ids.max().item()}]")

@@ -1,9 +1,9 @@
-"""Tests for course_lib.kv_cache and the cache plumbing in mha/blocks/models."""
+"""Tests for course_lib.kv_cache and the cache plumbing in mha/blocks/decoder_lm."""
 import pytest
 import torch
 
 from course_lib.kv_cache import KVCache, LayerKVCache
-from course_lib.models import DecoderLM, DecoderLMConfig
+from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
 
 torch.manual_seed(123)
 
@@ -367,7 +367,7 @@ def test_forward_cost_prefill_vs_decode_intensity():
     assert pre["intensity"] > 500
     # 2 FLOPs per weight used in a matmul (all but the input embedding
     # and the norms), plus the scores and the weighted sum over S = 1001
-    from course_lib.models import decoder_lm_param_count
+    from course_lib.decoder_lm import decoder_lm_param_count
     n_matmul = decoder_lm_param_count(llama) - 32000 * 4096 - 65 * 4096
     assert decode["flops"] == 2 * n_matmul + 4 * 1001 * 4096 * 32
     batch = decoding.forward_cost(llama, new_tokens=1, cached_tokens=1000,

@@ -12,7 +12,7 @@ from course_lib.decoding import generate
 from course_lib.kv_cache import KVCache, LayerKVCache, kv_cache_bytes
 from course_lib.mla import MLAConfig, MultiHeadLatentAttention, \
     mla_param_count
-from course_lib.models import DecoderLM, DecoderLMConfig
+from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
 from course_lib.positional import apply_rope
 
 ATOL = 1e-5

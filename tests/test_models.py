@@ -1,4 +1,4 @@
-"""Tests for course_lib.models (chapter 6).
+"""Tests for course_lib.transformer and course_lib.decoder_lm (chapter 6).
 
 References: parameter counts in closed form, by building the model, and
 against the published 124,439,808 of GPT-2 small (the count of the Hugging
@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from course_lib.masking import causal_mask
-from course_lib.models import (DecoderLM, DecoderLMConfig, Transformer,
-                               TransformerConfig, num_parameters,
-                               decoder_lm_param_count, greedy_decode,
-                               transformer_param_count)
+from course_lib.decoder_lm import (DecoderLM, DecoderLMConfig,
+                                   decoder_lm_param_count)
+from course_lib.layers import num_parameters
+from course_lib.transformer import (Transformer, TransformerConfig,
+                                    greedy_decode, transformer_param_count)
 from course_lib.positional import sinusoidal_encoding
 from test_blocks import copy_common, copy_mha
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from course_lib.layers import SwiGLU
-from course_lib.models import DecoderLM, DecoderLMConfig
+from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
 from course_lib.moe import (MoE, MoEInfo, expected_fraction_touched,
                             expert_capacity, moe_from_config)
 from course_lib.routing import DeepSeekV3Router, TopKRouter

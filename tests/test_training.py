@@ -212,7 +212,7 @@ def test_checkpoint_bad_inputs(tmp_path):
 
 # ------------------------------------------------------ chapter-7 recipes
 def test_seq2seq_loss_ignores_padding():
-    from course_lib.models import Transformer, TransformerConfig
+    from course_lib.transformer import Transformer, TransformerConfig
     task = TT.make_translation_task()
     model = Transformer(TransformerConfig(
         src_vocab_size=19, tgt_vocab_size=19, d_model=16, n_heads=2,

@@ -1,0 +1,205 @@
+r"""The paper's encoder-decoder Transformer (post-norm).
+
+Token embeddings multiplied by $\sqrt{D}$, plus the sinusoidal encoding,
+added ONCE at the input,
+
+$$H^0 = \mathrm{Drop}(\sqrt{D}\,E[x] + PE),$$
+
+then $N$ post-norm :class:`~course_lib.blocks.EncoderLayer` s; the decoder
+does the same on the shifted target and reads $H_E^N$ in every layer; a
+linear map to the vocabulary gives logits. The paper shares one matrix
+between both embeddings and the output projection (sec. 3.4).
+
+Shape letters: B batch, S source length, T target length, D = ``d_model``,
+V vocabulary size, N layers.
+
+Introduced in chapter 6.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .blocks import DecoderLayer, EncoderLayer
+from .layers import ffn_param_count
+from .masking import causal_mask, combine_masks, padding_mask
+from .mha import mha_param_count
+from .positional import sinusoidal_encoding
+from .validation import check_int, check_token_ids
+
+__all__ = ["TransformerConfig", "Transformer", "greedy_decode",
+           "transformer_param_count"]
+
+
+@dataclass
+class TransformerConfig:
+    """Hyperparameters of :class:`Transformer`; defaults: the base model."""
+    src_vocab_size: int = 37000   # shared English-German BPE (sec. 5.1)
+    tgt_vocab_size: int = 37000
+    d_model: int = 512
+    n_heads: int = 8              # d_k = d_v = 512 / 8 = 64
+    d_ff: int = 2048
+    n_layers: int = 6             # N, on each side
+    dropout: float = 0.1          # P_drop (sec. 5.4)
+    max_len: int = 512            # rows of the sinusoidal table
+    tie_embeddings: bool = True   # output projection = target embedding
+    share_src_tgt_embeddings: bool = True  # one table (needs equal vocabs)
+
+
+class Transformer(nn.Module):
+    r"""The encoder-decoder Transformer of the paper (post-norm).
+
+    Weights: Xavier-uniform for matrices (as the Annotated Transformer),
+    embeddings $N(0, D^{-1})$ so that $\sqrt{D}\,E[x]$ has unit-variance
+    entries, like the sinusoidal table it is added to.
+
+    Introduced in chapter 6.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        if c.share_src_tgt_embeddings and c.src_vocab_size != c.tgt_vocab_size:
+            raise ValueError(
+                f"share_src_tgt_embeddings needs src_vocab_size == "
+                f"tgt_vocab_size, got {c.src_vocab_size} and "
+                f"{c.tgt_vocab_size}")
+        self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
+        self.tgt_embed = (self.src_embed if c.share_src_tgt_embeddings
+                          else nn.Embedding(c.tgt_vocab_size, c.d_model))
+        # Fixed table, not a parameter; not saved in the state dict.
+        self.register_buffer("pe", sinusoidal_encoding(
+            c.max_len, c.d_model).float(), persistent=False)  # (L, D)
+        self.dropout = nn.Dropout(c.dropout)
+        layer_args = (c.d_model, c.n_heads, c.d_ff)
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(*layer_args, dropout=c.dropout)
+            for _ in range(c.n_layers))
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(*layer_args, dropout=c.dropout)
+            for _ in range(c.n_layers))
+        self.out_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        # dict.fromkeys: each table once (they may be shared), in a fixed
+        # order, so that a seeded model is reproducible.
+        for emb in dict.fromkeys([self.src_embed, self.tgt_embed]):
+            nn.init.normal_(emb.weight, std=c.d_model ** -0.5)
+        if c.tie_embeddings:
+            self.out_proj.weight = self.tgt_embed.weight      # (V, D) shared
+
+    def _embed(self, ids: torch.Tensor, table: nn.Embedding) -> torch.Tensor:
+        T = ids.shape[1]
+        # H^0 = Drop(sqrt(D) E[x] + PE): positions enter here, once.
+        h = table(ids) * math.sqrt(self.config.d_model)      # (B, T, D)
+        return self.dropout(h + self.pe[:T])                 # (B, T, D)
+
+    def encode(self, src: torch.Tensor,
+               src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """src (B, S) ids -> memory $H_E^N$ (B, S, D). src_mask: bool
+        (B, 1, S), True at real tokens."""
+        c = self.config
+        check_token_ids("src", src, c.src_vocab_size, c.max_len)
+        h = self._embed(src, self.src_embed)                 # (B, S, D)
+        for layer in self.encoder_layers:
+            h = layer(h, mask=src_mask)                      # (B, S, D)
+        return h
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor,
+               src_mask: torch.Tensor | None = None,
+               tgt_mask: torch.Tensor | None = None, *,
+               return_weights: bool = False):
+        """tgt_in (B, T) ids (BOS first) -> logits (B, T, V); tgt_mask
+        defaults to causal; ``return_weights`` adds the N cross-attention
+        weights (B, H, T, S) as a list."""
+        c = self.config
+        check_token_ids("tgt_in", tgt_in, c.tgt_vocab_size, c.max_len)
+        if tgt_mask is None:
+            tgt_mask = causal_mask(tgt_in.shape[1], device=tgt_in.device)
+        h = self._embed(tgt_in, self.tgt_embed)              # (B, T, D)
+        weights = []
+        for layer in self.decoder_layers:
+            h, w = layer(h, memory, tgt_mask, src_mask, return_weights=True)
+            weights.append(w)                                # (B, H, T, S)
+        logits = self.out_proj(h)                            # (B, T, V)
+        return (logits, weights) if return_weights else logits
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, *,
+                src_lengths=None, tgt_lengths=None,
+                return_weights: bool = False):
+        """Teacher-forced logits (B, T, V). src (B, S) ids; tgt_in (B, T)
+        = BOS + target[:-1]; src_lengths, tgt_lengths: B ints (real tokens,
+        right-padded; None = no padding); return_weights as in decode."""
+        src_mask = None if src_lengths is None else \
+            padding_mask(src_lengths, src.shape[1]).to(src.device)
+        T = tgt_in.shape[1]
+        tgt_mask = causal_mask(T, device=tgt_in.device)      # (T, T)
+        if tgt_lengths is not None:
+            tgt_mask = combine_masks(tgt_mask, padding_mask(
+                tgt_lengths, T).to(tgt_in.device))           # (B, T, T)
+        memory = self.encode(src, src_mask)                  # (B, S, D)
+        return self.decode(tgt_in, memory, src_mask, tgt_mask,
+                           return_weights=return_weights)
+
+
+@torch.no_grad()
+def greedy_decode(model: Transformer, src: torch.Tensor, *, max_len: int,
+                  bos_id: int, eos_id: int, src_lengths=None) -> torch.Tensor:
+    r"""Translate by taking $\arg\max$ of the logits one token at a time.
+
+    The encoder runs once; the decoder re-reads the growing prefix at
+    every step (no cache). Sequences that emitted EOS keep emitting EOS;
+    decoding stops when all have, or after ``max_len`` new tokens.
+
+    Returns:
+        (B, 1 + n) ids starting with BOS, n <= max_len.
+
+    Introduced in chapter 6.
+    """
+    check_int("max_len", max_len, minimum=1)
+    was_training = model.training
+    model.eval()
+    src_mask = None if src_lengths is None else \
+        padding_mask(src_lengths, src.shape[1]).to(src.device)
+    memory = model.encode(src, src_mask)                     # (B, S, D)
+    ys = torch.full((src.shape[0], 1), bos_id, dtype=torch.long,
+                    device=src.device)                       # (B, 1)
+    done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+    for _ in range(max_len):
+        logits = model.decode(ys, memory, src_mask)          # (B, t, V)
+        nxt = logits[:, -1].argmax(-1)                       # (B,)
+        nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+        ys = torch.cat([ys, nxt[:, None]], dim=1)            # (B, t+1)
+        done |= nxt == eos_id
+        if done.all():
+            break
+    model.train(was_training)
+    return ys
+
+
+def transformer_param_count(config: TransformerConfig) -> int:
+    r"""Closed-form parameter count of :class:`Transformer`.
+
+    Per encoder layer: MHA $4D^2 + 4D$, FFN $2Dd_{ff} + d_{ff} + D$, two
+    LayerNorms $2 \cdot 2D$; a decoder layer has a second MHA and a third
+    LayerNorm. Embeddings: $V D$ per distinct table; the sinusoidal
+    table has no parameters.
+
+    Introduced in chapter 6.
+    """
+    c = config
+    D = c.d_model
+    attn = mha_param_count(d_model=D, n_heads=c.n_heads, bias=True)
+    ffn = ffn_param_count(d_model=D, d_ff=c.d_ff, bias=True)
+    enc = attn + ffn + 2 * (2 * D)
+    dec = 2 * attn + ffn + 3 * (2 * D)
+    emb = c.src_vocab_size * D
+    if not c.share_src_tgt_embeddings:
+        emb += c.tgt_vocab_size * D
+    if not c.tie_embeddings:
+        emb += D * c.tgt_vocab_size                  # separate out_proj
+    return c.n_layers * (enc + dec) + emb
