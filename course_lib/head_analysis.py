@@ -31,9 +31,10 @@ from torch import nn
 from .masking import causal_mask
 from .mha import MultiHeadAttention
 from .special_tokens import IGNORE
+from .training import next_token_loss, train
 from .validation import check_int
 
-__all__ = ["BOS", "IGNORE", "induction_batch", "TinyAttentionModel",
+__all__ = ["BOS", "induction_batch", "TinyAttentionModel",
            "train_induction", "accuracy", "head_scores", "copy_head",
            "head_distance"]
 
@@ -143,7 +144,9 @@ class TinyAttentionModel(nn.Module):
 def train_induction(model: TinyAttentionModel, *, steps: int,
                     batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
                     **batch_kwargs) -> list[float]:
-    """Train ``model`` on fresh induction batches with AdamW.
+    """Train ``model`` on fresh induction batches with AdamW, using the
+    course's one training loop (:func:`~course_lib.training.train`,
+    explained in chapter 7) with a constant rate and no clipping.
 
     Args:
         model: the model (trained in place).
@@ -160,20 +163,14 @@ def train_induction(model: TinyAttentionModel, *, steps: int,
     """
     check_int("steps", steps, minimum=1)
     gen = torch.Generator().manual_seed(seed)
+    batches = (induction_batch(batch_size, generator=gen, **batch_kwargs)
+               for _ in range(steps))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
-    model.train()
-    for _ in range(steps):
-        inputs, targets = induction_batch(batch_size, generator=gen,
-                                          **batch_kwargs)
-        logits = model(inputs)                                 # (B, T, V)
-        loss = nn.functional.cross_entropy(
-            logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    # next_token_loss: cross-entropy over (B, T, V) logits, IGNORE skipped
+    history = train(model, batches, steps=steps, lr=lr, clip_norm=None,
+                    loss_fn=next_token_loss, optimizer=opt, seed=None,
+                    progress=False)
+    return history.loss
 
 
 @torch.no_grad()

@@ -5,10 +5,11 @@ $h_t = \tanh(W_{xh} x_t + b_{xh} + W_{hh} h_{t-1} + b_{hh})$, so (1) the
 $T$ steps cannot run in parallel, (2) the influence of $x_t$ on $h_T$ passes
 through $T-t$ Jacobians and decays (or explodes) like $\rho^{T-t}$, and (3)
 the longest signal path between two positions grows like $O(T)$. This module
-measures each limit and holds the small models of the recall experiment.
+measures each limit; the recall experiment, where the second limit shows in
+accuracy, is :mod:`course_lib.recall`.
 
 Shape letters: B batch, T sequence length, D input width (d_in), H hidden
-width (d_h), V vocabulary size (symbols, without the query token).
+width (d_h).
 
 Introduced in chapter 1.
 """
@@ -22,6 +23,11 @@ import torch
 from torch import nn
 
 from .timing import best_time
+from .validation import check_int, check_real
+
+__all__ = ["SimpleRNN", "set_recurrent_scale", "gradient_norm_vs_distance",
+           "TimingResult", "time_recurrence_vs_attention", "PATH_KINDS",
+           "max_path_length", "draw_seq2seq"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda z: z}
 
@@ -48,11 +54,8 @@ class SimpleRNN(nn.Module):
         if nonlinearity not in _ACTIVATIONS:
             raise ValueError(f"nonlinearity must be one of "
                              f"{sorted(_ACTIVATIONS)}, got {nonlinearity!r}")
-        for name, value in (("input_size", input_size),
-                            ("hidden_size", hidden_size)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"{name} must be a positive int, got {value!r}")
+        check_int("input_size", input_size, minimum=1)
+        check_int("hidden_size", hidden_size, minimum=1)
         self.input_size, self.hidden_size = input_size, hidden_size
         self.nonlinearity = nonlinearity
         self.weight_ih = nn.Parameter(torch.empty(hidden_size, input_size))
@@ -104,8 +107,7 @@ def set_recurrent_scale(rnn: nn.Module, *, rho: float,
 
     Introduced in chapter 1.
     """
-    if not rho > 0:
-        raise ValueError(f"rho must be positive, got {rho}")
+    check_real("rho", rho, positive=True)
     H = rnn.weight_hh.shape[0]
     a = torch.randn(H, H, generator=generator)  # (H, H)
     q, r = torch.linalg.qr(a)
@@ -223,129 +225,6 @@ def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
     return results
 
 
-def make_recall_batch(batch: int, distance: int, *, vocab_size: int,
-                      generator: torch.Generator | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Sample the recall task: recall the first symbol ``distance`` steps on.
-
-    A sequence is $s_0, s_1, \dots, s_{n-1}, \mathtt{QUERY}$ with
-    $n$ = ``distance`` i.i.d. uniform symbols from $\{0,\dots,V-1\}$ and the
-    query token $V$ at position $n$; the target is $s_0$. Symbols
-    $s_1..s_{n-1}$ are distractors drawn from the same alphabet, so chance
-    accuracy is $1/V$.
-
-    Returns:
-        ``(inputs, targets)``: int64 (B, distance + 1) and (B,).
-
-    Introduced in chapter 1.
-    """
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    if distance < 1:
-        raise ValueError(f"distance must be >= 1, got {distance}")
-    if vocab_size < 2:
-        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
-    symbols = torch.randint(vocab_size, (batch, distance),
-                            generator=generator)  # (B, distance)
-    query = torch.full((batch, 1), vocab_size)  # (B, 1): token id V
-    return torch.cat([symbols, query], dim=1), symbols[:, 0]
-
-
-class RNNRecaller(nn.Module):
-    """Embedding -> tanh RNN (``torch.nn.RNN``) -> linear readout of $h_T$.
-
-    Introduced in chapter 1.
-    """
-
-    def __init__(self, *, vocab_size: int, hidden_size: int = 64) -> None:
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.embed = nn.Embedding(vocab_size + 1, hidden_size)  # +1: QUERY
-        # The fused torch.nn.RNN computes exactly SimpleRNN (tested), faster.
-        self.rnn = nn.RNN(hidden_size, hidden_size, batch_first=True)
-        self.readout = nn.Linear(hidden_size, vocab_size)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits (B, V) for int tokens (B, T)."""
-        _, h_T = self.rnn(self.embed(tokens))  # (1, B, H)
-        return self.readout(h_T[0])  # (B, V)
-
-
-class AttentionRecaller(nn.Module):
-    r"""One attention layer whose only query is the last (QUERY) position.
-
-    $h_j = e(x_j) + p_j$, $q = W^Q h_T$, $k_j = W^K h_j$, $v_j = W^V h_j$,
-    $\alpha = \mathrm{softmax}(k_j^\top q / \sqrt{d})$, logits $=
-    W^{out} \sum_j \alpha_j v_j$. Every position is one step from the query.
-
-    Introduced in chapter 1.
-    """
-
-    def __init__(self, *, vocab_size: int, d_model: int = 32,
-                 max_len: int = 128) -> None:
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.embed = nn.Embedding(vocab_size + 1, d_model)  # +1: QUERY
-        self.pos = nn.Embedding(max_len, d_model)  # learned positions p_j
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)  # W^Q
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)  # W^K
-        self.v_proj = nn.Linear(d_model, d_model, bias=False)  # W^V
-        self.readout = nn.Linear(d_model, vocab_size)  # W^{out}
-        self.last_weights: torch.Tensor | None = None  # (B, T), for plots
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        r"""Logits (B, V) for int tokens (B, T); keeps $\alpha$ for plots."""
-        B, T = tokens.shape
-        if T > self.pos.num_embeddings:
-            raise ValueError(f"tokens length must be <= max_len "
-                             f"{self.pos.num_embeddings}, got {T}")
-        h = self.embed(tokens) + self.pos.weight[:T]  # (B, T, d)
-        q = self.q_proj(h[:, -1])  # (B, d)
-        k, v = self.k_proj(h), self.v_proj(h)  # (B, T, d) each
-        # alpha = softmax(K q / sqrt(d))
-        scores = (k @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])
-        alpha = torch.softmax(scores, dim=-1)  # (B, T)
-        self.last_weights = alpha.detach()
-        return self.readout((alpha.unsqueeze(1) @ v).squeeze(1))  # (B, V)
-
-
-def train_recall(model: nn.Module, distance: int, *, steps: int = 300,
-                 batch: int = 64, lr: float = 3e-3, seed: int = 0
-                 ) -> list[float]:
-    """Train ``model`` on fresh recall batches with AdamW and cross-entropy.
-
-    Returns the training loss of every step. Introduced in chapter 1.
-    """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    g = torch.Generator().manual_seed(seed)
-    # fused=True: one kernel updates every parameter, instead of a dozen
-    # tiny ops per parameter tensor (these models are small; overhead rules).
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
-    losses = []
-    model.train()
-    for _ in range(steps):
-        x, y = make_recall_batch(batch, distance,
-                                 vocab_size=model.vocab_size, generator=g)
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
-@torch.no_grad()
-def recall_accuracy(model: nn.Module, distance: int, *, batch: int = 1000,
-                    seed: int = 12345) -> float:
-    """Accuracy on one fixed held-out batch. Introduced in chapter 1."""
-    g = torch.Generator().manual_seed(seed)
-    x, y = make_recall_batch(batch, distance, vocab_size=model.vocab_size,
-                             generator=g)
-    model.eval()
-    return (model(x).argmax(-1) == y).float().mean().item()
-
-
 PATH_KINDS = ("rnn", "cnn", "dilated_cnn", "restricted_attention", "attention")
 
 
@@ -385,10 +264,8 @@ def max_path_length(kind: str, length: int, *, kernel_size: int = 3) -> int:
     """
     if kind not in PATH_KINDS:
         raise ValueError(f"kind must be one of {PATH_KINDS}, got {kind!r}")
-    if not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be a positive int, got {length!r}")
-    if kernel_size < 2:
-        raise ValueError(f"kernel_size must be >= 2, got {kernel_size}")
+    check_int("length", length, minimum=1)
+    check_int("kernel_size", kernel_size, minimum=2)
     graph = "cnn" if kind == "restricted_attention" else kind
     start = (0, 0)
     dist = {start: 0}

@@ -134,7 +134,7 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
           loss_fn: Callable = next_token_loss,
           eval_fn: Callable[[nn.Module], float] | None = None,
           eval_every: int = 0, optimizer: torch.optim.Optimizer | None = None,
-          start_step: int = 0, seed: int = 0,
+          start_step: int = 0, seed: int | None = 0,
           progress: bool = True) -> History:
     r"""Train ``model`` in place for ``steps`` steps.
 
@@ -154,7 +154,8 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
             default a new :func:`make_optimizer`.
         start_step: the step count so far (resuming: the schedule and
             the history continue from here).
-        seed: seeds torch's global generator (dropout) before step one.
+        seed: seeds torch's global generator (dropout) before step one;
+            ``None`` leaves it as it is (models without dropout).
         progress: show a ``tqdm.auto`` progress bar.
 
     Returns:
@@ -173,7 +174,8 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
     if optimizer is None:
         optimizer = make_optimizer(model, lr=lr, weight_decay=weight_decay)
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    torch.manual_seed(seed)
+    if seed is not None:
+        torch.manual_seed(seed)
     history = History()
     from tqdm.auto import tqdm     # imported here: only train() needs it
     bar = tqdm(total=steps, disable=not progress, leave=False)

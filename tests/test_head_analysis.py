@@ -7,11 +7,12 @@ ablation (zeroed o_proj columns) and exact equality of tied heads.
 import pytest
 import torch
 
-from course_lib.head_analysis import (BOS, IGNORE, TinyAttentionModel,
+from course_lib.head_analysis import (BOS, TinyAttentionModel,
                                       accuracy, copy_head, head_distance,
                                       head_scores, induction_batch,
                                       train_induction)
 from course_lib.mha import MultiHeadAttention
+from course_lib.special_tokens import IGNORE
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +91,28 @@ def test_training_reduces_loss():
     losses = train_induction(model, steps=30, batch_size=8, lr=1e-2)
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.1
+
+
+def test_train_induction_equals_plain_adamw_loop():
+    # The shared loop must reproduce, bit for bit, chapter 5's own loop.
+    a = tiny()
+    b = tiny()
+    b.load_state_dict(a.state_dict())
+    losses = train_induction(a, steps=4, batch_size=4, lr=1e-2, seed=2)
+    gen = torch.Generator().manual_seed(2)
+    opt = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.0)
+    expected = []
+    for _ in range(4):
+        x, y = induction_batch(4, generator=gen)
+        loss = torch.nn.functional.cross_entropy(
+            b(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    assert losses == expected
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert torch.equal(p, q)
 
 
 # -------------------------------------------------------------- ablation

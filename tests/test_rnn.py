@@ -9,10 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from course_lib.rnn import (  # noqa: E402
-    AttentionRecaller, RNNRecaller, SimpleRNN, TimingResult, draw_seq2seq,
-    gradient_norm_vs_distance, make_recall_batch, max_path_length,
-    recall_accuracy, set_recurrent_scale, time_recurrence_vs_attention,
-    train_recall)
+    SimpleRNN, TimingResult, draw_seq2seq, gradient_norm_vs_distance,
+    max_path_length, set_recurrent_scale, time_recurrence_vs_attention)
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +69,7 @@ def test_simple_rnn_is_causal():
 def test_simple_rnn_bad_input():
     with pytest.raises(ValueError, match="nonlinearity must be one of"):
         SimpleRNN(input_size=2, hidden_size=3, nonlinearity="sigmoid")
-    with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+    with pytest.raises(ValueError, match="hidden_size must be >= 1"):
         SimpleRNN(input_size=2, hidden_size=0)
     rnn = SimpleRNN(input_size=2, hidden_size=3)
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, 2\)"):
@@ -99,7 +97,7 @@ def test_set_recurrent_scale_spectrum(rho):
 
 def test_set_recurrent_scale_bad_rho():
     rnn = SimpleRNN(input_size=2, hidden_size=3)
-    with pytest.raises(ValueError, match="rho must be positive, got -1"):
+    with pytest.raises(ValueError, match="rho must be > 0, got -1"):
         set_recurrent_scale(rnn, rho=-1.0)
 
 
@@ -178,85 +176,6 @@ def test_timing_bad_input(kwargs, match):
         time_recurrence_vs_attention(**kwargs)
 
 
-# -------------------------------------------------------------- recall task
-def test_make_recall_batch_structure():
-    g = torch.Generator().manual_seed(0)
-    x, y = make_recall_batch(500, 7, vocab_size=5, generator=g)
-    assert x.shape == (500, 8) and y.shape == (500,)
-    assert x.dtype == torch.int64
-    assert torch.all(x[:, -1] == 5)  # QUERY token is id V
-    assert torch.all((x[:, :-1] >= 0) & (x[:, :-1] < 5))
-    assert torch.equal(y, x[:, 0])
-    # All symbols occur as targets (uniform over the alphabet).
-    assert set(y.tolist()) == set(range(5))
-    x2, _ = make_recall_batch(500, 7, vocab_size=5,
-                              generator=torch.Generator().manual_seed(0))
-    assert torch.equal(x, x2)
-
-
-@pytest.mark.parametrize("args, kwargs, match", [
-    ((0, 3), dict(vocab_size=4), "batch must be >= 1, got 0"),
-    ((2, 0), dict(vocab_size=4), "distance must be >= 1, got 0"),
-    ((2, 3), dict(vocab_size=1), "vocab_size must be >= 2, got 1"),
-])
-def test_make_recall_batch_bad_input(args, kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        make_recall_batch(*args, **kwargs)
-
-
-def test_attention_recaller_matches_sdpa():
-    model = AttentionRecaller(vocab_size=6, d_model=8, max_len=16)
-    x, _ = make_recall_batch(4, 9, vocab_size=6)
-    logits = model(x)
-    h = model.embed(x) + model.pos.weight[:10]
-    q = model.q_proj(h[:, -1:])  # (B, 1, d)
-    ctx = torch.nn.functional.scaled_dot_product_attention(
-        q, model.k_proj(h), model.v_proj(h))  # (B, 1, d)
-    torch.testing.assert_close(logits, model.readout(ctx[:, 0]))
-    assert model.last_weights.shape == (4, 10)
-    torch.testing.assert_close(model.last_weights.sum(-1), torch.ones(4))
-
-
-def test_recallers_shapes_and_bad_length():
-    x, _ = make_recall_batch(3, 5, vocab_size=4)
-    assert RNNRecaller(vocab_size=4, hidden_size=8)(x).shape == (3, 4)
-    model = AttentionRecaller(vocab_size=4, d_model=8, max_len=4)
-    with pytest.raises(ValueError, match="tokens length must be <= max_len 4"):
-        model(x)
-
-
-def test_train_recall_attention_learns_and_accuracy():
-    model = AttentionRecaller(vocab_size=4, d_model=16, max_len=8)
-    before = recall_accuracy(model, 5, batch=400)
-    losses = train_recall(model, 5, steps=100, batch=32, lr=1e-2, seed=0)
-    assert len(losses) == 100
-    assert sum(losses[-10:]) / 10 < 0.1 < losses[0]
-    assert recall_accuracy(model, 5, batch=400) > 0.95 > before
-
-
-def test_train_recall_bad_steps():
-    with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
-        train_recall(RNNRecaller(vocab_size=3, hidden_size=4), 3, steps=0)
-
-
-class _Oracle(torch.nn.Module):
-    vocab_size = 4
-
-    def forward(self, tokens):
-        return torch.nn.functional.one_hot(tokens[:, 0], 4).float()
-
-
-class _Constant(_Oracle):
-    def forward(self, tokens):
-        return torch.zeros(tokens.shape[0], 4) + torch.arange(4.0)
-
-
-def test_recall_accuracy_oracle_and_chance():
-    assert recall_accuracy(_Oracle(), 6) == 1.0
-    # Always answering symbol 3 is right for 1/V of uniform targets.
-    assert abs(recall_accuracy(_Constant(), 6, batch=4000) - 0.25) < 0.03
-
-
 # -------------------------------------------------------------- path length
 def _reference_paths(kind, n, k):
     """All-pairs path lengths from products of dense per-layer adjacency.
@@ -307,7 +226,7 @@ def test_max_path_length_closed_forms(n, k):
 
 @pytest.mark.parametrize("args, kwargs, match", [
     (("lstm", 4), {}, "kind must be one of"),
-    (("rnn", 0), {}, "length must be a positive int, got 0"),
+    (("rnn", 0), {}, "length must be >= 1, got 0"),
     (("cnn", 4), dict(kernel_size=1), "kernel_size must be >= 2, got 1"),
 ])
 def test_max_path_length_bad_input(args, kwargs, match):

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from course_lib.validation import check_int
 from course_lib.widgets import Explorer, markdown_to_html
 
 
@@ -120,3 +121,39 @@ def test_show_source_prints_code_without_docstring(capsys):
     out = capsys.readouterr().out
     assert "Docstring" not in out and "More lines" not in out
     assert "def documented(x):" in out and "return x + 1" in out
+
+
+def _guarded(x, n):
+    """Docstring."""
+    check_int("n", n, minimum=1)
+    if n > 10:
+        raise ValueError("n too big")
+    y = x * n  # the idea
+    if y > 3:
+        y = 3
+    return y
+
+
+def test_show_source_hides_argument_checks_and_marks_the_cut(capsys):
+    from course_lib.widgets import show_source, source_lines
+    show_source(_guarded)
+    out = capsys.readouterr().out
+    assert out.rstrip("\n").splitlines() == [
+        "def _guarded(x, n):",
+        "    # (argument checks left out)",
+        "    y = x * n  # the idea",
+        "    if y > 3:",         # an `if` that does not only raise stays
+        "        y = 3",
+        "    return y"]
+    full = source_lines(_guarded, checks=True)
+    assert 'check_int("n", n, minimum=1)' in full
+    assert 'raise ValueError("n too big")' in full and "Docstring" not in full
+
+
+def test_show_source_without_checks_adds_no_marker(capsys):
+    from course_lib.widgets import show_source
+
+    def plain(x):
+        return x
+    show_source(plain)
+    assert "argument checks" not in capsys.readouterr().out
