@@ -31,13 +31,12 @@ Introduced in chapter 9.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from . import sampling
 from .kv_cache import KVCache, kv_cache_bytes
-from .validation import check_int, check_real
+from .timing import best_time
+from .validation import check_ids, check_int, check_real
 
 __all__ = ["prefill", "generate", "decode_throughput", "forward_cost"]
 
@@ -45,7 +44,7 @@ __all__ = ["prefill", "generate", "decode_throughput", "forward_cost"]
 def _check_prompt(prompt_ids) -> torch.Tensor:
     """Validate ids (T0,) or (B, T0) as chapter 8's generate does; return
     them as (B, T0) int64."""
-    sampling._check_ids("prompt_ids", prompt_ids)
+    check_ids("prompt_ids", prompt_ids)
     return prompt_ids.reshape(-1, prompt_ids.shape[-1]).long()  # (B, T0)
 
 
@@ -226,12 +225,8 @@ def decode_throughput(model: torch.nn.Module, *, prompt_len: int,
     def run(n: int) -> None:
         generate(model, prompt, n, use_cache=use_cache, temperature=0.0)
 
-    run(min(new_tokens, 4))                                  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(new_tokens)
-        best = min(best, time.perf_counter() - start)
+    best = best_time(lambda: run(new_tokens), repeats,
+                     warmup=lambda: run(min(new_tokens, 4)))
     return batch_size * new_tokens / best
 
 

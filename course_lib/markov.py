@@ -23,9 +23,7 @@ Introduced in chapter 7.
 """
 from __future__ import annotations
 
-import itertools
 import math
-import random
 from dataclasses import dataclass
 from typing import NamedTuple
 

@@ -127,24 +127,43 @@ class MLAConfig:
                                   "q_lora_rank": None, **overrides})
 
 
-def mla_param_count(config: MLAConfig) -> int:
-    r"""Closed-form parameter count of :class:`MultiHeadLatentAttention`:
+def mla_param_count(config) -> int:
+    r"""Closed-form parameter count of one MLA layer (DeepSeek-V2/V3 names).
 
-    $D r_q + r_q + r_q H (d_h + d_h^R)$ (or $D H (d_h + d_h^R)$ without
-    $r_q$) $+ D (d_c + d_h^R) + d_c + d_c H (d_h + d_v) + H d_v D$,
-    plus biases of the three projections with ``attention_bias``.
+    q path: $D r_q + r_q + r_q H (d^{nope} + d^R)$ (``q_a_proj``,
+    ``q_a_layernorm``, ``q_b_proj``; or $D H (d^{nope} + d^R)$ without a
+    query latent); kv path: $D (d_c + d^R) + d_c + d_c H (d^{nope} +
+    d^v)$ (``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``);
+    output: $H d^v D$ (``o_proj``). ``attention_bias`` adds biases to
+    ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj``, as in
+    ``transformers``.
+
+    Args:
+        config: an :class:`MLAConfig`, or any configuration with the same
+            field names (chapter 12's
+            :class:`~course_lib.model_configs.ModelConfig`).
+
+    Returns:
+        The number of scalars of :class:`MultiHeadLatentAttention`.
 
     Introduced in chapter 10.
     """
     c = config
-    D, H, r = c.hidden_size, c.num_attention_heads, c.q_lora_rank
-    q = D * H * c.qk_head_dim if r is None else D * r + r + r * H * \
-        c.qk_head_dim
-    kv = D * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank \
-        + c.kv_lora_rank * H * (c.qk_nope_head_dim + c.v_head_dim)
-    o = H * c.v_head_dim * D
-    bias = (r or 0) + c.kv_lora_rank + c.qk_rope_head_dim + D
-    return q + kv + o + (bias if c.attention_bias else 0)
+    D, H, r_kv = c.hidden_size, c.num_attention_heads, c.kv_lora_rank
+    d_qk = c.qk_nope_head_dim + c.qk_rope_head_dim            # 192 in V3
+    b = int(c.attention_bias)
+    if c.q_lora_rank is None:
+        q = D * H * d_qk                                      # W^Q
+    else:
+        r_q = c.q_lora_rank
+        # W^{DQ} (+ bias), RMSNorm on c^Q, W^{UQ}
+        q = (D * r_q + b * r_q) + r_q + r_q * H * d_qk
+    # W^{DKV} and W^{KR} fused (+ bias), RMSNorm on c^KV, W^{UK};W^{UV}
+    kv = (D * (r_kv + c.qk_rope_head_dim)
+          + b * (r_kv + c.qk_rope_head_dim)) + r_kv \
+        + r_kv * H * (c.qk_nope_head_dim + c.v_head_dim)
+    o = H * c.v_head_dim * D + b * D                          # W^O
+    return q + kv + o
 
 
 class MultiHeadLatentAttention(nn.Module):

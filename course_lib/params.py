@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from numbers import Real
 
+from .mla import mla_param_count
 from .model_configs import ModelConfig
 
 __all__ = ["ParamCount", "count_parameters", "embedding_params",
@@ -75,15 +76,9 @@ def embedding_params(config: ModelConfig) -> int:
 
 
 def mla_attention_params(config: ModelConfig) -> int:
-    r"""One multi-head latent attention layer (DeepSeek-V2/V3 names).
-
-    q path: $D r_q + r_q + r_q H (d^{nope} + d^R)$ (``q_a_proj``,
-    ``q_a_layernorm``, ``q_b_proj``; or $D H (d^{nope} + d^R)$ without a
-    query latent); kv path: $D (d_c + d^R) + d_c + d_c H (d^{nope} +
-    d^v)$ (``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``);
-    output: $H d^v D$ (``o_proj``). ``attention_bias`` adds biases to
-    ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj``, as in
-    ``transformers``.
+    r"""One multi-head latent attention layer: chapter 10's closed form,
+    :func:`course_lib.mla.mla_param_count`, applied to a published
+    configuration.
 
     Introduced in chapter 12.
     """
@@ -91,21 +86,7 @@ def mla_attention_params(config: ModelConfig) -> int:
     if not c.is_mla:
         raise ValueError(f"config must be MLA (kv_lora_rank set), got "
                          f"kv_lora_rank=None for {c.name!r}")
-    D, H, r_kv = c.hidden_size, c.num_attention_heads, c.kv_lora_rank
-    d_qk = c.qk_nope_head_dim + c.qk_rope_head_dim            # 192 in V3
-    b = int(c.attention_bias)
-    if c.q_lora_rank is None:
-        q = D * H * d_qk                                      # W^Q
-    else:
-        r_q = c.q_lora_rank
-        # W^{DQ} (+ bias), RMSNorm on c^Q, W^{UQ}
-        q = (D * r_q + b * r_q) + r_q + r_q * H * d_qk
-    # W^{DKV} and W^{KR} fused (+ bias), RMSNorm on c^KV, W^{UK};W^{UV}
-    kv = (D * (r_kv + c.qk_rope_head_dim)
-          + b * (r_kv + c.qk_rope_head_dim)) + r_kv \
-        + r_kv * H * (c.qk_nope_head_dim + c.v_head_dim)
-    o = H * c.v_head_dim * D + b * D                          # W^O
-    return q + kv + o
+    return mla_param_count(c)
 
 
 def attention_params(config: ModelConfig) -> int:

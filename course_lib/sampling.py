@@ -27,10 +27,10 @@ Introduced in chapter 8.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
+
+from .validation import check_ids, check_int, check_real
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter",
            "sampling_distribution", "sample_next", "generate",
@@ -56,26 +56,17 @@ def _check_logits(logits) -> None:
 
 
 def _check_temperature(temperature) -> float:
-    if isinstance(temperature, bool) or not isinstance(
-            temperature, (int, float)) or not math.isfinite(temperature) \
-            or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, got "
-                         f"{temperature!r}")
+    check_real("temperature", temperature, minimum=0)
     return float(temperature)
 
 
 def _check_top_k(top_k) -> int:
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be an int >= 1 (or None), got "
-                         f"{top_k!r}")
+    check_int("top_k", top_k, minimum=1)
     return top_k
 
 
 def _check_top_p(top_p) -> float:
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) \
-            or not (0 < top_p <= 1):
-        raise ValueError(f"top_p must be a number in (0, 1] (or None), got "
-                         f"{top_p!r}")
+    check_real("top_p", top_p, positive=True, maximum=1)
     return float(top_p)
 
 
@@ -271,23 +262,11 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 1.0,
     return ids.reshape(logits.shape[:-1])                     # (B,) or ()
 
 
-def _check_ids(name: str, ids) -> None:
-    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point \
-            or ids.dtype == torch.bool or ids.is_complex():
-        raise ValueError(f"{name} must be an integer tensor, got "
-                         f"{getattr(ids, 'dtype', type(ids).__name__)}")
-    if ids.dim() not in (1, 2) or ids.shape[-1] < 1:
-        raise ValueError(f"{name} must have shape (T,) or (B, T) with "
-                         f"T >= 1, got {tuple(ids.shape)}")
-
-
 def _model_max_len(model, max_len: int | None) -> int | None:
     if max_len is None:
         max_len = getattr(getattr(model, "config", None), "max_len", None)
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(
-            max_len, int) or max_len < 1):
-        raise ValueError(f"max_len must be an int >= 1 (or None), got "
-                         f"{max_len!r}")
+    if max_len is not None:
+        check_int("max_len", max_len, minimum=1)
     return max_len
 
 
@@ -323,7 +302,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
 
     Introduced in chapter 8.
     """
-    _check_ids("prompt_ids", prompt_ids)
+    check_ids("prompt_ids", prompt_ids)
     if isinstance(max_new_tokens, bool) or not isinstance(
             max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got "
@@ -376,7 +355,7 @@ def sequence_log_prob(model: torch.nn.Module, ids: torch.Tensor, *,
 
     Introduced in chapter 8.
     """
-    _check_ids("ids", ids)
+    check_ids("ids", ids)
     T = ids.shape[-1]
     if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) \
             or not 1 <= prompt_len <= T:

@@ -20,6 +20,12 @@ One optimisation step on a batch of next-token targets $y_t$:
 The learning rate rises linearly during ``warmup_steps`` and then stays
 constant or follows a half cosine to zero: :func:`lr_multiplier`.
 
+This is the course's one training loop. Chapter 7 explains it step by
+step; the small experiments of chapters 1 and 5 (recall, induction heads)
+already run on it with a constant rate and no clipping, and the recipes
+of chapter 7 (:mod:`course_lib.markov`, :mod:`course_lib.translation_task`)
+and chapter 11 call it with their settings.
+
 Shape letters: B batch, T length, V vocabulary.
 
 Introduced in chapter 7.
@@ -30,7 +36,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F

@@ -13,7 +13,8 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["check_int", "check_real", "check_bool_mask", "check_token_ids"]
+__all__ = ["check_int", "check_real", "check_bool_mask", "check_ids",
+           "check_token_ids"]
 
 
 def check_int(name: str, value, *, minimum: int) -> None:
@@ -26,8 +27,11 @@ def check_int(name: str, value, *, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
-def check_real(name: str, value, *, positive: bool = False) -> None:
-    """``value`` must be a finite real number (and > 0 with ``positive``)."""
+def check_real(name: str, value, *, positive: bool = False,
+               minimum: float | None = None,
+               maximum: float | None = None) -> None:
+    """``value`` must be a finite real number, > 0 with ``positive``, and
+    within ``[minimum, maximum]`` where those are given."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(
             f"{name} must be a real number, got {type(value).__name__} "
@@ -36,6 +40,10 @@ def check_real(name: str, value, *, positive: bool = False) -> None:
         raise ValueError(f"{name} must be finite, got {value}")
     if positive and value <= 0:
         raise ValueError(f"{name} must be > 0, got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
 
 
 def check_bool_mask(name: str, mask) -> None:
@@ -44,6 +52,17 @@ def check_bool_mask(name: str, mask) -> None:
         got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask)
         raise ValueError(f"{name} must be a bool tensor (True = may attend)"
                          f", got {got}")
+
+
+def check_ids(name: str, ids) -> None:
+    """``ids`` must be an integer tensor of shape (T,) or (B, T), T >= 1."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point \
+            or ids.dtype == torch.bool or ids.is_complex():
+        raise ValueError(f"{name} must be an integer tensor, got "
+                         f"{getattr(ids, 'dtype', type(ids).__name__)}")
+    if ids.dim() not in (1, 2) or ids.shape[-1] < 1:
+        raise ValueError(f"{name} must have shape (T,) or (B, T) with "
+                         f"T >= 1, got {tuple(ids.shape)}")
 
 
 def check_token_ids(name: str, ids, vocab: int, max_len: int) -> None:
