@@ -32,7 +32,7 @@ from numbers import Real
 
 import torch
 
-from .validation import check_int
+from .validation import check_int, config_field
 
 __all__ = ["LayerKVCache", "KVCache", "kv_cache_bytes",
            "kv_values_per_token"]
@@ -195,25 +195,11 @@ class KVCache:
 
 
 # ------------------------------------------------------------ cache size
-def _attr(config, *names, default=None):
-    """First attribute of ``config`` among ``names`` that exists and is not
-    None (Hugging Face names are listed first)."""
-    for name in names:
-        value = getattr(config, name, None)
-        if value is not None:
-            return value
-    return default
-
-
 def _config_int(config, *names, required=True):
-    value = _attr(config, *names)
-    if value is None:
-        if required:
-            raise ValueError(f"config must have one of the attributes "
-                             f"{names}, got {type(config).__name__} "
-                             f"without them")
-        return None
-    check_int(f"config.{names[0]}", value, minimum=1)
+    value = config_field(config, *names, **({} if required else
+                                            {"default": None}))
+    if value is not None:
+        check_int(f"config.{names[0]}", value, minimum=1)
     return value
 
 
@@ -250,7 +236,7 @@ def kv_values_per_token(config, *, n_layers: int | None = None) -> int:
         n_layers = _config_int(config, "num_hidden_layers", "n_layers")
     else:
         check_int("n_layers", n_layers, minimum=0)
-    if _attr(config, "kv_lora_rank") is not None:
+    if config_field(config, "kv_lora_rank", default=None) is not None:
         # MLA: c^KV (d_c) and the shared k^R (d_h^R), one of each per layer
         d_c = _config_int(config, "kv_lora_rank")
         d_rope = _config_int(config, "qk_rope_head_dim")

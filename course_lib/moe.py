@@ -43,7 +43,7 @@ from torch import nn
 from .layers import SwiGLU
 from .routing import (DeepSeekV3Router, Routing, TopKRouter, expert_load,
                       load_balancing_loss)
-from .validation import check_int, check_real
+from .validation import check_int, check_real, check_top_k, config_field
 
 __all__ = ["MoEInfo", "MoE", "expert_capacity", "moe_from_config",
            "expected_fraction_touched"]
@@ -112,10 +112,7 @@ def expected_fraction_touched(n_tokens: int, n_experts: int,
     """
     check_int("n_tokens", n_tokens, minimum=0)
     check_int("n_experts", n_experts, minimum=1)
-    check_int("top_k", top_k, minimum=1)
-    if top_k > n_experts:
-        raise ValueError(f"top_k must be <= n_experts={n_experts}, "
-                         f"got {top_k}")
+    check_top_k(top_k, n_experts)
     return 1.0 - (1.0 - top_k / n_experts) ** n_tokens
 
 
@@ -269,17 +266,10 @@ def moe_from_config(config, *, capacity_factor: float | None = None) -> MoE:
 
     Introduced in chapter 11.
     """
-    def first(*names):
-        for n in names:
-            if getattr(config, n, None) is not None:
-                return getattr(config, n)
-        raise ValueError(f"config must have one of {names}, got "
-                         f"{type(config).__name__} without them")
-
-    D = first("hidden_size", "d_model")
-    E = first("n_routed_experts", "num_local_experts")
-    k = first("num_experts_per_tok")
-    F = first("moe_intermediate_size", "intermediate_size")
+    D = config_field(config, "hidden_size", "d_model")
+    E = config_field(config, "n_routed_experts", "num_local_experts")
+    k = config_field(config, "num_experts_per_tok")
+    F = config_field(config, "moe_intermediate_size", "intermediate_size")
     if getattr(config, "n_group", None) is not None:
         gate = DeepSeekV3Router(
             D, E, k, n_group=config.n_group,

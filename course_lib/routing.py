@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .validation import check_int, check_real
+from .validation import check_int, check_real, check_top_k
 
 __all__ = ["Routing", "select_top_k", "TopKRouter", "group_limited_mask",
            "DeepSeekV3Router", "expert_load", "load_balancing_loss",
@@ -71,10 +71,7 @@ class Routing:
 def _check_router_args(d_model, n_experts, top_k) -> None:
     check_int("d_model", d_model, minimum=1)
     check_int("n_experts", n_experts, minimum=1)
-    check_int("top_k", top_k, minimum=1)
-    if top_k > n_experts:
-        raise ValueError(f"top_k must be <= n_experts={n_experts}, "
-                         f"got {top_k}")
+    check_top_k(top_k, n_experts)
 
 
 def _check_x(x, d_model: int) -> None:

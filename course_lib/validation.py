@@ -13,8 +13,8 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["check_int", "check_real", "check_bool_mask", "check_ids",
-           "check_token_ids"]
+__all__ = ["check_int", "check_real", "check_top_k", "check_bool_mask",
+           "check_ids", "check_token_ids", "config_field"]
 
 
 def check_int(name: str, value, *, minimum: int) -> None:
@@ -44,6 +44,14 @@ def check_real(name: str, value, *, positive: bool = False,
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
+
+
+def check_top_k(top_k, n_experts: int) -> None:
+    """``top_k`` must be an int in ``[1, n_experts]`` (experts per token)."""
+    check_int("top_k", top_k, minimum=1)
+    if top_k > n_experts:
+        raise ValueError(f"top_k must be <= n_experts={n_experts}, "
+                         f"got {top_k}")
 
 
 def check_bool_mask(name: str, mask) -> None:
@@ -79,3 +87,23 @@ def check_token_ids(name: str, ids, vocab: int, max_len: int) -> None:
     if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(f"{name} must hold ids in [0, {vocab}), got "
                          f"[{ids.min().item()}, {ids.max().item()}]")
+
+
+_REQUIRED = object()
+
+
+def config_field(config, *names: str, default=_REQUIRED):
+    """The first attribute of ``config`` among ``names`` that exists and is
+    not None (list the Hugging Face name first, then the course's).
+
+    Raises a ValueError naming the attributes if none is set and no
+    ``default`` is given.
+    """
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    if default is _REQUIRED:
+        raise ValueError(f"config must have one of the attributes {names}, "
+                         f"got {type(config).__name__} without them")
+    return default
