@@ -1,31 +1,74 @@
 """course_lib: the tested library behind the Transformer Internals course.
 
-One module per concept; each chapter imports its module and shows its code.
+One module per concept; each chapter imports its modules and shows their
+code. A module only imports modules of its own or earlier chapters, or the
+shared helpers (the first group below).
 
-- ``widgets``, ``exercises``: explorers (live ipywidgets + static HTML frame
-  players) and widget-checked exercises, used by every chapter
-- ``validation``: the shared argument checks behind every ValueError
+Shared helpers
+- ``validation``: the argument checks behind every ValueError
 - ``timing``: best-of-n wall-clock timing for measurements and benchmarks
-- ``rnn``: recurrent networks and their limits (chapter 1)
-- ``positional``: sinusoidal encodings and RoPE (chapter 2)
-- ``attention``: scaled dot-product attention and masks (chapters 3-4)
-- ``masking``: additive masks, influence matrices, mask plots (chapter 4)
-- ``mha``: multi-head attention with GQA/MQA (chapter 5)
+- ``training``: the one training loop (explained in chapter 7; the small
+  experiments of chapters 1 and 5 already run on it)
+- ``special_tokens``: PAD, BOS, EOS and IGNORE of the synthetic tasks
+- ``widgets``, ``exercises``: explorers (live ipywidgets + static HTML
+  frame players), ``show_source``, and widget-checked exercises
+
+Part I, why attention
+- ``rnn``: recurrent networks, gradient decay, sequential cost, path
+  lengths (chapter 1)
+- ``recall``: the recall experiment, RNN against attention (chapter 1)
+- ``positional``: sinusoidal encodings, RoPE and ``RotaryEmbedding``
+  (chapter 2)
+
+Part II, attention
+- ``attention``: scaled dot-product attention, the softmax Jacobian and
+  saturation, explicit vs fused timing (chapter 3)
+- ``masking``: causal, sliding-window and padding masks, additive masks,
+  influence matrices, mask plots (chapter 4)
+- ``mha``: multi-head attention with GQA/MQA and a position hook for RoPE
+  (chapter 5)
 - ``head_analysis``: a small model whose heads can be read (chapter 5)
-- ``layers``, ``blocks``, ``models``: FFNs and norms, encoder/decoder
-  layers and pre-norm blocks, the Transformer and a decoder-only LM
-  (chapter 6)
-- ``data``, ``training``: a toy translation task, a synthetic language with
-  an exact entropy rate, and the training loop (chapter 7)
+
+Part III, the model
+- ``layers``: FFN, SwiGLU, LayerNorm/RMSNorm, parameter counts (chapter 6)
+- ``blocks``: the paper's post-norm encoder/decoder layers and the
+  pre-norm decoder block (chapter 6)
+- ``transformer``: the paper's encoder-decoder (chapter 6)
+- ``decoder_lm``: a GPT-2/Llama decoder-only language model (chapter 6)
+- ``translation_task``: a toy translation with a known answer (chapter 7)
+- ``markov``: a synthetic language with an exact entropy rate (chapter 7)
 - ``sampling``: temperature, top-k, top-p and generation (chapter 8)
-- ``kv_cache``, ``decoding``: the KV cache, cached generation, prefix
-  reuse, cache sizes and the cost of prefill vs decode (chapter 9)
+
+Part IV, inference and scale
+- ``kv_cache``: the KV cache and its size for MHA/GQA/MQA/MLA (chapter 9)
+- ``decoding``: cached generation, prefix reuse, prefill vs decode cost
+  (chapter 9)
 - ``mla``: multi-head latent attention, explicit and absorbed (chapter 10)
 - ``routing``, ``moe``: top-k and DeepSeek-V3 routers, load balancing, and
   the mixture-of-experts layer (chapter 11)
 - ``model_configs``, ``params``, ``build``: published configurations,
-  analytic parameter counts (total and active), and the course model
-  built from a configuration (chapter 12)
+  analytic parameter counts (total and active), and the course model built
+  from a configuration (chapter 12)
+
+Shape letters, the same in every module (a module's docstring lists the
+ones it uses, and any of its own):
+
+====  ==============================================================
+B     batch
+T     tokens in this call: queries, the target, or the new tokens
+S     keys/values: the source in cross-attention, or cached + new
+D     model width ``d_model`` (``hidden_size`` in Hugging Face configs)
+H     query heads ``n_heads``
+G     key/value heads ``n_kv_heads`` (G = H: MHA, G = 1: MQA)
+d_k   width of one head, ``head_dim`` (``d_h`` in chapter 1: RNN state)
+V     vocabulary size
+F     hidden width of an FFN (``d_ff``, or one expert's ``d_expert``)
+E     routed experts; k experts per token
+N     tokens with batch and time flattened (routing, MoE); in prose $N$
+      is also the paper's number of layers, ``n_layers`` in code
+L     positions of a table, or a length in a complexity argument
+...   any leading dimensions
+====  ==============================================================
 """
 
 __version__ = "0.1.0"

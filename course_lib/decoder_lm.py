@@ -6,7 +6,7 @@ inside every attention layer (Llama); $N$ pre-norm
 maps each position's hidden state to next-token logits.
 
 Shape letters: B batch, T new tokens, S cached + new positions,
-D = ``d_model``, V vocabulary size, N layers.
+D = ``d_model``, V vocabulary size.
 
 Introduced in chapter 6.
 """

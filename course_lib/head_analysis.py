@@ -18,7 +18,7 @@ solves it with two cooperating heads (Elhage et al. 2021):
 positions, so the roles can be named from numbers rather than from pictures.
 
 Shape letters: B batch, T length, V vocabulary, D = ``d_model``,
-H heads, N layers.
+H heads.
 
 Introduced in chapter 5.
 """

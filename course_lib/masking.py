@@ -155,7 +155,7 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
     return functools.reduce(torch.logical_and, present) if present else None
 
 
-# ------------------------------------------------- masks as the softmax sees them
+# ------------------------------------------ masks as the softmax sees them
 def _check_tensor(name: str, value, *, bool_only: bool = False) -> None:
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got "

@@ -21,9 +21,9 @@ DEEPSEEK_V3     61       MLA, 256 + 1 shared experts, top-8      671B/37B
 KIMI_K2         61       MLA, 384 + 1 shared experts, top-8      1.04T/32B
 ==============  =======  ======================================  =========
 
-Shape letters used in comments: V vocabulary, D ``hidden_size``, N
-layers, H query heads, G key/value heads, E routed experts, k experts
-per token.
+Shape letters used in comments: V vocabulary, D ``hidden_size``, $N$
+(``num_hidden_layers``) layers, H query heads, G key/value heads, E
+routed experts, k experts per token.
 
 Introduced in chapter 12.
 """

@@ -6,7 +6,7 @@ recurrent network must carry it through every step (its gradient decays
 like $\rho^{T}$, :mod:`course_lib.rnn`), while one attention layer reads
 it directly, one step away from the query, at any distance.
 
-Shape letters: B batch, T sequence length (distance + 1), H hidden width,
+Shape letters: B batch, T sequence length (distance + 1), d_h hidden width,
 d attention width, V vocabulary size (symbols, without the query token).
 
 Introduced in chapter 1.
@@ -66,7 +66,7 @@ class RNNRecaller(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (B, V) for int tokens (B, T)."""
-        _, h_T = self.rnn(self.embed(tokens))  # (1, B, H)
+        _, h_T = self.rnn(self.embed(tokens))  # (1, B, d_h)
         return self.readout(h_T[0])  # (B, V)
 
 

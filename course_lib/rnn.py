@@ -8,8 +8,8 @@ the longest signal path between two positions grows like $O(T)$. This module
 measures each limit; the recall experiment, where the second limit shows in
 accuracy, is :mod:`course_lib.recall`.
 
-Shape letters: B batch, T sequence length, D input width (d_in), H hidden
-width (d_h).
+Shape letters: B batch, T sequence length, D input width (d_in), d_h
+hidden width (the package docstring's H means heads, not this).
 
 Introduced in chapter 1.
 """
@@ -41,7 +41,7 @@ class SimpleRNN(nn.Module):
 
     Args:
         input_size: D, width of each input vector $x_t$.
-        hidden_size: H, width of the hidden state $h_t$.
+        hidden_size: d_h, width of the hidden state $h_t$.
         nonlinearity: $\phi$; "tanh" (default), "relu" or "linear" (the
             identity, used for the closed-form gradient analysis).
 
@@ -62,23 +62,24 @@ class SimpleRNN(nn.Module):
         self.weight_hh = nn.Parameter(torch.empty(hidden_size, hidden_size))
         self.bias_ih = nn.Parameter(torch.empty(hidden_size))
         self.bias_hh = nn.Parameter(torch.empty(hidden_size))
-        # Same scheme as torch.nn.RNN: U(-1/sqrt(H), 1/sqrt(H)) everywhere.
+        # Same scheme as torch.nn.RNN: U(-1/sqrt(d_h), 1/sqrt(d_h)) everywhere.
         bound = 1.0 / math.sqrt(hidden_size)
         for p in self.parameters():
             nn.init.uniform_(p, -bound, bound)
 
     def forward(self, x: torch.Tensor, h0: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the recurrence over ``x`` (B, T, D) from ``h0`` (B, H).
+        """Run the recurrence over ``x`` (B, T, D) from ``h0`` (B, d_h).
 
-        Returns ``(outputs, h_T)``: every state (B, T, H) and the last (B, H).
+        Returns ``(outputs, h_T)``: every state (B, T, d_h) and the last
+        (B, d_h).
         """
         if x.dim() != 3 or x.shape[-1] != self.input_size:
             raise ValueError(f"x must have shape (B, T, {self.input_size}), "
                              f"got {tuple(x.shape)}")
         B, T, _ = x.shape
         if h0 is None:
-            h0 = x.new_zeros(B, self.hidden_size)  # (B, H)
+            h0 = x.new_zeros(B, self.hidden_size)  # (B, d_h)
         elif h0.shape != (B, self.hidden_size):
             raise ValueError(f"h0 must have shape ({B}, {self.hidden_size}), "
                              f"got {tuple(h0.shape)}")
@@ -87,9 +88,9 @@ class SimpleRNN(nn.Module):
         for t in range(T):  # the loop that cannot be parallelised over t
             # h_t = phi(W_xh x_t + b_xh + W_hh h_{t-1} + b_hh)
             h = phi(x[:, t] @ self.weight_ih.T + self.bias_ih
-                    + h @ self.weight_hh.T + self.bias_hh)  # (B, H)
+                    + h @ self.weight_hh.T + self.bias_hh)  # (B, d_h)
             outputs.append(h)
-        return torch.stack(outputs, dim=1), h  # (B, T, H), (B, H)
+        return torch.stack(outputs, dim=1), h  # (B, T, d_h), (B, d_h)
 
 
 def set_recurrent_scale(rnn: nn.Module, *, rho: float,
@@ -101,15 +102,15 @@ def set_recurrent_scale(rnn: nn.Module, *, rho: float,
     the spectral radius and the per-step gain of the linear recurrence.
 
     Args:
-        rnn: a module with a square ``weight_hh`` (H, H) parameter.
+        rnn: a module with a square ``weight_hh`` (d_h, d_h) parameter.
         rho: the scale $\rho > 0$.
         generator: optional RNG for the orthogonal matrix.
 
     Introduced in chapter 1.
     """
     check_real("rho", rho, positive=True)
-    H = rnn.weight_hh.shape[0]
-    a = torch.randn(H, H, generator=generator)  # (H, H)
+    d_h = rnn.weight_hh.shape[0]
+    a = torch.randn(d_h, d_h, generator=generator)  # (d_h, d_h)
     q, r = torch.linalg.qr(a)
     q = q * torch.sign(torch.diagonal(r))  # sign fix: Haar-uniform Q
     with torch.no_grad():
@@ -127,8 +128,8 @@ def gradient_norm_vs_distance(rnn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     seeded with every unit vector of $h_T$).
 
     Args:
-        rnn: a module returning ``(outputs, h_T)``; ``h_T`` may be (B, H) or
-            ``torch.nn.RNN``'s (layers, B, H) (the last layer is used).
+        rnn: a module returning ``(outputs, h_T)``; ``h_T`` may be (B, d_h) or
+            ``torch.nn.RNN``'s (layers, B, d_h) (the last layer is used).
         x: inputs (B, T, D).
 
     Returns:
@@ -142,15 +143,15 @@ def gradient_norm_vs_distance(rnn: nn.Module, x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x must have shape (B, T, D), got {tuple(x.shape)}")
     x = x.detach().clone().requires_grad_(True)
     h_T = rnn(x)[1]
-    h_T = h_T[-1] if h_T.dim() == 3 else h_T  # (B, H)
-    B, H = h_T.shape
-    # One backward pass vmapped over the H one-hot seeds e_j: seed j gives
+    h_T = h_T[-1] if h_T.dim() == 3 else h_T  # (B, d_h)
+    B, d_h = h_T.shape
+    # One backward pass vmapped over the d_h one-hot seeds e_j: seed j gives
     # row j of every sample's Jacobian at once (samples are independent, so
     # sample b's gradient only reaches x[b]).
-    seeds = torch.eye(H).unsqueeze(1).expand(H, B, H)  # (H, B, H)
+    seeds = torch.eye(d_h).unsqueeze(1).expand(d_h, B, d_h)  # (d_h, B, d_h)
     (jac,) = torch.autograd.grad(h_T, x, grad_outputs=seeds,
-                                 is_grads_batched=True)  # (H, B, T, D)
-    jac = jac.permute(1, 2, 0, 3)  # (B, T, H, D)
+                                 is_grads_batched=True)  # (d_h, B, T, D)
+    jac = jac.permute(1, 2, 0, 3)  # (B, T, d_h, D)
     norms = jac.pow(2).sum(dim=(2, 3)).sqrt()  # (B, T), indexed by t
     return norms.flip(1)  # (B, T), indexed by distance k = T - 1 - t
 

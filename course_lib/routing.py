@@ -22,7 +22,8 @@ Balancing: the Switch auxiliary loss :func:`load_balancing_loss` and the
 bias update :func:`update_bias`.
 
 Shape letters: N tokens (batch and time flattened), E experts, k experts
-per token (``top_k``), D = ``d_model``, G groups, ... leading dimensions.
+per token (``top_k``), D = ``d_model``, ``n_group`` expert groups (not
+G, which means key/value heads), ... leading dimensions.
 
 Introduced in chapter 11.
 """
@@ -163,7 +164,8 @@ def group_limited_mask(scores: torch.Tensor, *, n_group: int,
 
     Args:
         scores: ``(N, E)`` choice scores ($s + b$ in DeepSeek-V3).
-        n_group: $G$, divides $E$. topk_group: groups kept, $\le G$.
+        n_group: number of expert groups, divides $E$. topk_group: groups
+            kept, at most ``n_group``.
 
     Returns:
         ``(N, E)`` bool, True where the expert is eligible.
@@ -181,10 +183,10 @@ def group_limited_mask(scores: torch.Tensor, *, n_group: int,
     if topk_group > n_group:
         raise ValueError(f"topk_group must be <= n_group={n_group}, got "
                          f"{topk_group}")
-    grouped = scores.view(N, n_group, E // n_group)          # (N, G, E/G)
+    grouped = scores.view(N, n_group, E // n_group)          # (N, n_group, E/n_group)
     # group score = sum of the group's top-2 scores (top-1 if size 1)
     top2 = grouped.topk(min(2, E // n_group), dim=-1).values
-    group_scores = top2.sum(-1)                              # (N, G)
+    group_scores = top2.sum(-1)                              # (N, n_group)
     keep = group_scores.topk(topk_group, dim=-1).indices     # (N, topk_group)
     group_mask = torch.zeros(N, n_group, dtype=torch.bool,
                              device=scores.device).scatter(1, keep, True)

@@ -11,7 +11,8 @@ linear map to the vocabulary gives logits. The paper shares one matrix
 between both embeddings and the output projection (sec. 3.4).
 
 Shape letters: B batch, S source length, T target length, D = ``d_model``,
-V vocabulary size, N layers.
+V vocabulary size; $N$ in the prose is
+``n_layers``.
 
 Introduced in chapter 6.
 """
