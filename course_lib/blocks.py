@@ -137,9 +137,9 @@ class DecoderBlock(nn.Module):
     positions=positions, cache=cache)`` (a
     :class:`~course_lib.mha.MultiHeadAttention`, with or without its RoPE
     hook; later MLA) and the FFN as ``ffn(h)`` (:class:`FeedForward`,
-    :class:`SwiGLU`, later a mixture of experts). An FFN may return a
-    tuple ``(out, aux)`` (e.g. an MoE's load-balancing loss); the block
-    then returns ``(x, aux)`` instead of ``x``.
+    :class:`SwiGLU`, later a mixture of experts). The block always returns
+    ``(x, aux)``: ``aux`` is what the FFN reports besides its output (an
+    MoE returns ``(out, info)``, chapter 11), ``None`` for a dense FFN.
 
     Args:
         d_model: $D$. attention, ffn: the two sub-layers.
@@ -168,14 +168,14 @@ class DecoderBlock(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 *, positions: torch.Tensor | None = None,
                 cache: LayerKVCache | None = None):
-        """x (B, T, D) -> (B, T, D), or ((B, T, D), aux); see above.
-        ``mask``, ``positions``, ``cache``: passed to the attention."""
+        """x (B, T, D) -> (x (B, T, D), aux); see above. ``mask``,
+        ``positions``, ``cache``: passed to the attention."""
         # x = x + Attn(Norm1(x)): the identity path is never normalised.
         a = self.attention(self.norm1(x), mask, positions=positions,
                            cache=cache)
         x = x + self.dropout(a)                              # (B, T, D)
         # x = x + FFN(Norm2(x))
         f = self.ffn(self.norm2(x))
-        f, aux = f if isinstance(f, tuple) else (f, None)
+        f, aux = f if isinstance(f, tuple) else (f, None)    # MoE: (out, info)
         x = x + self.dropout(f)                              # (B, T, D)
-        return x if aux is None else (x, aux)
+        return x, aux

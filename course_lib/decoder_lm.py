@@ -205,10 +205,9 @@ class DecoderLM(nn.Module):
         mask = causal_mask(T, past + T, device=idx.device)   # (T, S)
         aux = []
         for i, block in enumerate(self.layers):
-            h = block(h, mask, positions=positions,
-                      cache=None if cache is None else cache[i])
-            if isinstance(h, tuple):
-                h, a = h
+            h, a = block(h, mask, positions=positions,
+                         cache=None if cache is None else cache[i])
+            if a is not None:
                 aux.append(a)
         logits = self.lm_head(self.norm(h))                  # (B, T, V)
         return (logits, aux) if return_aux else logits

@@ -16,8 +16,8 @@ memory holds all $E$.
 
 Dispatch: the $N k$ token-slots are sorted by expert, each expert runs
 once on its own tokens, and the weighted results are copied back to
-their slots and summed per token. :meth:`MoE.forward_loop` is the same computation token
-by token, the readable reference. With a *capacity factor* each expert
+their slots and summed per token. :meth:`MoE.forward_loop` is the same
+computation token by token, the readable reference. With a *capacity factor* each expert
 takes at most $C = \lceil c\,N k / E \rceil$ slots; later slots (in
 token order) are dropped and contribute nothing.
 
@@ -232,9 +232,10 @@ class MoE(nn.Module):
             out = out + self.shared_experts(u)               # (N, D)
         return out.reshape(x.shape), self._info(r, dropped, cap)
 
-    def forward_loop(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def forward_loop(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEInfo]:
         """Reference: the same output token by token and choice by choice
-        (slow). Returns (out of the shape of x, number of dropped slots)."""
+        (slow). Returns what :meth:`forward` returns; its drop count is
+        counted here, slot by slot."""
         u, r, cap = self._route(x)
         used = [0] * self.n_experts          # slots each expert has taken
         dropped, rows = 0, []
@@ -250,7 +251,7 @@ class MoE(nn.Module):
             if self.shared_experts is not None:
                 h = h + self.shared_experts(u[t])
             rows.append(h)
-        return torch.stack(rows).reshape(x.shape), dropped
+        return torch.stack(rows).reshape(x.shape), self._info(r, dropped, cap)
 
 
 def moe_from_config(config, *, capacity_factor: float | None = None) -> MoE:

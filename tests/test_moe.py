@@ -34,12 +34,13 @@ def test_vectorised_equals_loop(shared, v3, cf):
             gate=_v3_gate() if v3 else None, capacity_factor=cf)
     x = torch.randn(2, 5, 16)
     y, info = m(x)
-    y_loop, dropped = m.forward_loop(x)
+    y_loop, info_loop = m.forward_loop(x)
     assert y.shape == x.shape
     torch.testing.assert_close(y, y_loop, atol=1e-5, rtol=1e-5)
-    assert info.dropped == dropped
+    assert info.dropped == info_loop.dropped
+    assert torch.equal(info.load, info_loop.load)
     if cf == 0.5:
-        assert dropped > 0
+        assert info_loop.dropped > 0
 
 
 def test_moe_by_hand_from_dense_gates():
