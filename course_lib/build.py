@@ -12,12 +12,12 @@ Introduced in chapter 12.
 """
 from __future__ import annotations
 
+from .decoder_lm import DecoderLM, DecoderLMConfig
 from .layers import FeedForward, SwiGLU
 from .mla import MLAConfig, MultiHeadLatentAttention
-from .model_configs import ModelConfig
-from .decoder_lm import DecoderLM, DecoderLMConfig
+from .model_configs import ModelConfig, check_model_config
 from .moe import MoE
-from .params import _check, _head_dim, count_parameters
+from .params import count_parameters
 from .routing import DeepSeekV3Router, TopKRouter
 
 __all__ = ["build_small_model"]
@@ -45,7 +45,7 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     total = count_parameters(c).total
     if total > max_params:
         raise ValueError(f"config {c.name!r} has {total:,} parameters, more "
@@ -57,7 +57,7 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
                          f"attention_bias={bias}, mlp_bias={c.mlp_bias}, "
                          f"norm={c.norm!r}")
     D, H = c.hidden_size, c.num_attention_heads
-    if not c.is_mla and _head_dim(c) * H != D:
+    if not c.is_mla and c.attention_head_dim * H != D:
         raise ValueError(f"head_dim must be None or hidden_size / heads = "
                          f"{D // H}, got {c.head_dim}")
     swiglu = c.hidden_act == "silu"

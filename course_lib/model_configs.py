@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from .validation import check_int
 
-__all__ = ["ModelConfig", "GPT2_SMALL", "LLAMA2_7B", "MIXTRAL_8X7B",
-           "DEEPSEEK_V3", "KIMI_K2", "PUBLISHED"]
+__all__ = ["ModelConfig", "check_model_config", "GPT2_SMALL", "LLAMA2_7B",
+           "MIXTRAL_8X7B", "DEEPSEEK_V3", "KIMI_K2", "PUBLISHED"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,12 @@ class ModelConfig:
         return self.kv_lora_rank is not None
 
     @property
+    def attention_head_dim(self) -> int:
+        """Width of one query/key/value head: ``head_dim``, or D / H."""
+        return self.head_dim if self.head_dim is not None else \
+            self.hidden_size // self.num_attention_heads
+
+    @property
     def is_moe(self) -> bool:
         """True if some layers are mixtures of experts (chapter 11)."""
         return self.n_routed_experts is not None
@@ -165,6 +171,14 @@ class ModelConfig:
         if not self.is_moe:
             return 0
         return max(self.num_hidden_layers - self.first_k_dense_replace, 0)
+
+
+def check_model_config(config) -> ModelConfig:
+    """``config`` must be a :class:`ModelConfig`; returns it."""
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"config must be a ModelConfig, got "
+                         f"{type(config).__name__}")
+    return config
 
 
 # GPT-2 small: openai-community/gpt2 config.json (GPT2Config() defaults).

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from numbers import Real
 
 from .mla import mla_param_count
-from .model_configs import ModelConfig
+from .model_configs import ModelConfig, check_model_config
 
 __all__ = ["ParamCount", "count_parameters", "embedding_params",
            "attention_params", "mla_attention_params", "dense_ffn_params",
@@ -50,25 +50,13 @@ __all__ = ["ParamCount", "count_parameters", "embedding_params",
 BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}
 
 
-def _check(config) -> ModelConfig:
-    if not isinstance(config, ModelConfig):
-        raise ValueError(f"config must be a ModelConfig, got "
-                         f"{type(config).__name__}")
-    return config
-
-
-def _head_dim(c: ModelConfig) -> int:
-    return c.head_dim if c.head_dim is not None else \
-        c.hidden_size // c.num_attention_heads
-
-
 # ------------------------------------------------------------ components
 def embedding_params(config: ModelConfig) -> int:
     r"""Token table $VD$, plus $PD$ for learned positions (GPT-2).
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     n = c.vocab_size * c.hidden_size                          # E: (V, D)
     if c.position == "learned":
         n += c.max_position_embeddings * c.hidden_size        # P: (P, D)
@@ -82,7 +70,7 @@ def mla_attention_params(config: ModelConfig) -> int:
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     if not c.is_mla:
         raise ValueError(f"config must be MLA (kv_lora_rank set), got "
                          f"kv_lora_rank=None for {c.name!r}")
@@ -96,12 +84,12 @@ def attention_params(config: ModelConfig) -> int:
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     if c.is_mla:
         return mla_attention_params(c)
     D, H = c.hidden_size, c.num_attention_heads
     G = c.num_key_value_heads or H
-    d_h = _head_dim(c)
+    d_h = c.attention_head_dim
     # W^Q (D, H d_h), W^K and W^V (D, G d_h), W^O (H d_h, D)
     n = 2 * D * H * d_h + 2 * D * G * d_h
     if c.attention_bias:
@@ -117,7 +105,7 @@ def dense_ffn_params(config: ModelConfig, *, width: int | None = None
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     I = c.intermediate_size if width is None else width
     D = c.hidden_size
     if c.hidden_act == "silu":
@@ -132,7 +120,7 @@ def expert_params(config: ModelConfig) -> int:
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     if not c.is_moe:
         raise ValueError(f"config must be MoE (n_routed_experts set), got "
                          f"n_routed_experts=None for {c.name!r}")
@@ -145,7 +133,7 @@ def moe_layer_params(config: ModelConfig) -> dict[str, int]:
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     e = expert_params(c)
     return {"router": c.n_routed_experts * c.hidden_size,   # (E, D)
             "routed_experts": c.n_routed_experts * e,
@@ -159,7 +147,7 @@ def norm_params(config: ModelConfig) -> int:
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     per = c.hidden_size * (2 if c.norm == "layer" else 1)
     return (2 * c.num_hidden_layers + 1) * per
 
@@ -169,7 +157,7 @@ def lm_head_params(config: ModelConfig) -> int:
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     return 0 if c.tie_word_embeddings else c.hidden_size * c.vocab_size
 
 
@@ -183,7 +171,7 @@ def mtp_params(config: ModelConfig, *, with_copies: bool = True) -> int:
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     D = c.hidden_size
     block = attention_params(c) + 2 * D
     block += sum(moe_layer_params(c).values()) if c.is_moe \
@@ -258,7 +246,7 @@ def count_parameters(config: ModelConfig) -> ParamCount:
 
     Introduced in chapter 12.
     """
-    c = _check(config)
+    c = check_model_config(config)
     N = c.num_hidden_layers
     n_moe = c.n_moe_layers
     n_dense = N - n_moe

@@ -33,7 +33,7 @@ import sys
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["Explorer", "in_colab", "markdown_to_html", "figure_to_png",
-           "show_source"]
+           "show_source", "source_lines", "check_key", "widget_bundle"]
 
 _KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 MAX_FRAMES = 40  # page-weight budget: frames are inlined PNGs
