@@ -1,4 +1,5 @@
-"""Widget-checked exercises: numeric, multiple choice, write-a-function.
+"""Widget-checked exercises: numeric and multiple choice; the
+write-a-function exercise builds on them in :mod:`course_lib.function_exercise`.
 
 Every exercise has a prompt, a Check button, feedback that names the
 mistake, a hint and a reveal-solution control. The checking logic is the
@@ -17,20 +18,18 @@ Introduced in chapter 1.
 """
 from __future__ import annotations
 
-import copy
 import html
 import json
 import math
 import numbers
 import re
-import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from .widgets import check_key, markdown_to_html, widget_bundle
 
 __all__ = ["Feedback", "Exercise", "NumericExercise", "ChoiceExercise",
-           "FunctionExercise", "compare_values"]
+           "parse_number"]
 
 
 @dataclass(frozen=True)
@@ -365,208 +364,3 @@ class ChoiceExercise(Exercise):
   }});
 }})();
 </script>"""
-
-
-# ----------------------------------------------------------------------------
-# Write-a-function
-# ----------------------------------------------------------------------------
-def _describe(value: Any) -> str:
-    """Short description of a value for feedback messages."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        kind = type(value).__name__
-        shape = tuple(value.shape)
-        if getattr(value, "numel", lambda: value.size)() <= 12:
-            flat = value.tolist()
-            return f"{kind} {flat} (shape {shape}, dtype {value.dtype})"
-        return f"{kind} of shape {shape}, dtype {value.dtype}"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def compare_values(expected: Any, got: Any, *, rtol: float = 1e-5,
-                   atol: float = 1e-6) -> str | None:
-    """None if ``got`` matches ``expected``, else what differs, in words.
-
-    Tensors and arrays are compared by type family, shape, boolean-ness and
-    values (``allclose``, NaN never equal); sequences element by element;
-    everything else with ``==``.
-    """
-    import numpy as np
-    import torch
-
-    if isinstance(expected, (torch.Tensor, np.ndarray)):
-        if not isinstance(got, (torch.Tensor, np.ndarray)):
-            return (f"expected a {type(expected).__name__}, got "
-                    f"{_describe(got)}")
-        exp = torch.as_tensor(np.asarray(expected) if isinstance(
-            expected, np.ndarray) else expected)
-        out = torch.as_tensor(np.asarray(got) if isinstance(
-            got, np.ndarray) else got)
-        if tuple(exp.shape) != tuple(out.shape):
-            return (f"expected shape {tuple(exp.shape)}, got shape "
-                    f"{tuple(out.shape)}")
-        if (exp.dtype == torch.bool) != (out.dtype == torch.bool):
-            return (f"expected dtype {exp.dtype}, got {out.dtype}")
-        if exp.dtype == torch.bool:
-            bad = (exp != out)
-            if bad.any():
-                where = tuple(bad.nonzero()[0].tolist())
-                return (f"entry {where} should be {bool(exp[where])}, got "
-                        f"{bool(out[where])}")
-            return None
-        exp, out = exp.double(), out.double()
-        if torch.isnan(out).any() and not torch.isnan(exp).any():
-            where = tuple(torch.isnan(out).nonzero()[0].tolist())
-            return f"your result contains NaN (first at index {where})"
-        if not torch.allclose(out, exp, rtol=rtol, atol=atol,
-                              equal_nan=True):
-            # Equal entries (including matching infinities, whose
-            # difference is NaN) never count as the worst mismatch.
-            diff = torch.where(out == exp, 0.0,
-                               (out - exp).abs().nan_to_num(float("inf")))
-            where = tuple(int(i) for i in torch.unravel_index(
-                diff.argmax(), diff.shape)) if diff.ndim else ()
-            return (f"values differ: at index {where} expected "
-                    f"{exp[where].item():.6g}, got {out[where].item():.6g}")
-        return None
-    if isinstance(expected, numbers.Real) and not isinstance(expected, bool):
-        try:
-            value = parse_number(got)
-        except ValueError:
-            return f"expected a number, got {_describe(got)}"
-        if not math.isclose(value, float(expected), rel_tol=rtol,
-                            abs_tol=atol):
-            return f"expected {float(expected):.6g}, got {value:.6g}"
-        return None
-    if isinstance(expected, (list, tuple)):
-        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
-            return (f"expected a sequence of length {len(expected)}, got "
-                    f"{_describe(got)}")
-        for i, (e, g) in enumerate(zip(expected, got)):
-            problem = compare_values(e, g, rtol=rtol, atol=atol)
-            if problem:
-                return f"element {i}: {problem}"
-        return None
-    return None if got == expected else (
-        f"expected {_describe(expected)}, got {_describe(got)}")
-
-
-class FunctionExercise(Exercise):
-    """Write a function; it is run on test cases against a reference.
-
-    The learner types code in the widget (or calls ``check`` with a function
-    or a source string). Each case ``(args, kwargs)`` is run through both the
-    learner's function and ``reference``; the first case that fails is
-    reported with expected vs got. Inputs are deep-copied per call, so a
-    function that modifies its arguments cannot corrupt later cases.
-    """
-
-    kind = "function"
-
-    def __init__(self, *, key: str, prompt: str, func_name: str,
-                 starter_code: str, reference: Callable[..., Any],
-                 cases: Sequence[tuple[tuple, dict]], hint: str,
-                 solution: str, rtol: float = 1e-5,
-                 atol: float = 1e-6) -> None:
-        super().__init__(key=key, prompt=prompt, hint=hint,
-                         solution=solution)
-        if not func_name.isidentifier():
-            raise ValueError(f"func_name must be an identifier, got "
-                             f"{func_name!r}")
-        if not callable(reference):
-            raise ValueError(f"reference must be callable, got {reference!r}")
-        cases = list(cases)
-        if not cases:
-            raise ValueError("cases must hold at least one (args, kwargs)")
-        for i, case in enumerate(cases):
-            if (not isinstance(case, tuple) or len(case) != 2
-                    or not isinstance(case[0], tuple)
-                    or not isinstance(case[1], dict)):
-                raise ValueError(f"cases[{i}] must be (args_tuple, "
-                                 f"kwargs_dict), got {case!r}")
-        self.func_name, self.starter_code = func_name, starter_code
-        self.reference, self.cases = reference, cases
-        self.rtol, self.atol = rtol, atol
-
-    def _load(self, answer: Any) -> Callable[..., Any] | Feedback:
-        """The learner's function from a callable or source code."""
-        if callable(answer):
-            return answer
-        if not isinstance(answer, str):
-            return Feedback(False, f"Give a function or its source code, "
-                                   f"not a {type(answer).__name__}.")
-        import numpy as np
-        import torch
-        namespace = {"torch": torch, "np": np, "numpy": np, "math": math}
-        try:
-            code = compile(answer, f"<your {self.func_name}>", "exec")
-        except SyntaxError as exc:
-            return Feedback(False, f"Syntax error on line {exc.lineno}: "
-                                   f"{exc.msg}.")
-        try:
-            exec(code, namespace)
-        except Exception as exc:
-            return Feedback(False, f"Running your code raised "
-                                   f"{type(exc).__name__}: {exc}")
-        func = namespace.get(self.func_name)
-        if not callable(func):
-            return Feedback(False, f"Define a function named "
-                                   f"`{self.func_name}`.")
-        return func
-
-    def check(self, answer: Any) -> Feedback:
-        func = self._load(answer)
-        if isinstance(func, Feedback):
-            return func
-        for i, (args, kwargs) in enumerate(self.cases, start=1):
-            call = self._call_text(args, kwargs)
-            expected = self.reference(*copy.deepcopy(args),
-                                      **copy.deepcopy(kwargs))
-            try:
-                got = func(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-            except Exception as exc:
-                line = _learner_line(exc)
-                return Feedback(False, f"Case {i}, `{call}`, raised "
-                                       f"{type(exc).__name__}: {exc}{line}")
-            problem = compare_values(expected, got, rtol=self.rtol,
-                                     atol=self.atol)
-            if problem:
-                return Feedback(False, f"Case {i}, `{call}`: {problem}.")
-        return Feedback(True, f"All {len(self.cases)} cases pass.")
-
-    def _call_text(self, args: tuple, kwargs: dict) -> str:
-        parts = [_short(a) for a in args]
-        parts += [f"{k}={_short(v)}" for k, v in kwargs.items()]
-        return f"{self.func_name}({', '.join(parts)})"
-
-    def _make_input(self) -> Any:
-        import ipywidgets as widgets
-        lines = max(6, self.starter_code.count("\n") + 2)
-        return widgets.Textarea(value=self.starter_code, rows=lines,
-                                layout=widgets.Layout(width="100%"))
-
-    def _read_input(self) -> Any:
-        return self.input.value
-
-    def _static_body(self) -> str:
-        return (f'<pre class="ti-code"><code>'
-                f'{html.escape(self.starter_code)}</code></pre>\n'
-                '<p class="ti-note"><em>Checking code needs Python: open this '
-                'chapter in Colab (button at the top) or Jupyter, write the '
-                'function in the box and press Check.</em></p>')
-
-
-def _short(value: Any) -> str:
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"<{type(value).__name__} shape {tuple(value.shape)}>"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _learner_line(exc: BaseException) -> str:
-    """' (line N of your code)' if the error came from the learner's code."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    for frame in reversed(frames):
-        if frame.filename.startswith("<your "):
-            return f" (line {frame.lineno} of your code)"
-    return ""

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.exercises import (ChoiceExercise, Feedback, FunctionExercise,
-                                  NumericExercise, compare_values,
+from course_lib.exercises import (ChoiceExercise, Feedback, NumericExercise,
                                   parse_number)
+from course_lib.function_exercise import FunctionExercise, compare_values
 
 
 def numeric():
