@@ -4,23 +4,73 @@ A :class:`FunctionExercise` calls the learner's function on each case and
 compares the result with the reference solution's (:func:`compare_values`:
 types, shapes, values within a tolerance). Whatever the learner's code does
 (a wrong type, a wrong shape, NaN, an exception) becomes feedback that
-names the case, never a traceback. In the HTML book, where no kernel runs,
+names the case, never a traceback. Learner code runs under a time limit
+(:func:`time_limit`), and ``exit()`` or an interrupt inside it is reported
+too: nothing a learner types can hang or end the kernel. In the HTML book, where no kernel runs,
 the exercise shows its starter code, hint and solution and points to Colab.
 
 Introduced in chapter 1.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
 import math
 import numbers
+import signal
+import threading
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .exercises import Exercise, Feedback, parse_number
+from .validation import check_real
 
-__all__ = ["FunctionExercise", "compare_values"]
+__all__ = ["FunctionExercise", "compare_values", "time_limit",
+           "LearnerTimeout"]
+
+
+class LearnerTimeout(BaseException):
+    """Raised inside learner code that ran past its time limit.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that a learner's
+    ``except Exception:`` cannot swallow it.
+    """
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`LearnerTimeout` in the block after ``seconds``.
+
+    Uses a POSIX real-time timer (``SIGALRM``): the signal interrupts a
+    Python loop at its next bytecode and a ``time.sleep`` at once (a single
+    long C call, such as one huge matmul, finishes first). Where there is
+    no such timer (Windows) or off the main thread, the block runs without
+    a limit. Jupyter and Colab run cells and widget callbacks on the main
+    thread of a Linux or macOS process, so the limit holds there.
+
+    Args:
+        seconds: the limit (> 0), or None for none.
+
+    Introduced in chapter 1.
+    """
+    if seconds is not None:
+        check_real("seconds", seconds, positive=True)
+    if seconds is None or not hasattr(signal, "setitimer") or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise LearnerTimeout(seconds)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _describe(value: Any) -> str:
@@ -112,6 +162,11 @@ class FunctionExercise(Exercise):
     learner's function and ``reference``; the first case that fails is
     reported with expected vs got. Inputs are deep-copied per call, so a
     function that modifies its arguments cannot corrupt later cases.
+
+    The learner's code (its top level, then each call) runs under
+    ``time_limit`` seconds (:func:`time_limit`); a call that does not
+    return in time, ``exit()``/``SystemExit`` and ``KeyboardInterrupt``
+    become feedback instead of a hung or dead kernel.
     """
 
     kind = "function"
@@ -120,7 +175,7 @@ class FunctionExercise(Exercise):
                  starter_code: str, reference: Callable[..., Any],
                  cases: Sequence[tuple[tuple, dict]], hint: str,
                  solution: str, rtol: float = 1e-5,
-                 atol: float = 1e-6) -> None:
+                 atol: float = 1e-6, time_limit: float = 5.0) -> None:
         super().__init__(key=key, prompt=prompt, hint=hint,
                          solution=solution)
         if not func_name.isidentifier():
@@ -140,6 +195,8 @@ class FunctionExercise(Exercise):
         self.func_name, self.starter_code = func_name, starter_code
         self.reference, self.cases = reference, cases
         self.rtol, self.atol = rtol, atol
+        check_real("time_limit", time_limit, positive=True)
+        self.time_limit = float(time_limit)
 
     def _load(self, answer: Any) -> Callable[..., Any] | Feedback:
         """The learner's function from a callable or source code."""
@@ -157,10 +214,12 @@ class FunctionExercise(Exercise):
             return Feedback(False, f"Syntax error on line {exc.lineno}: "
                                    f"{exc.msg}.")
         try:
-            exec(code, namespace)
-        except Exception as exc:
-            return Feedback(False, f"Running your code raised "
-                                   f"{type(exc).__name__}: {exc}")
+            with time_limit(self.time_limit):
+                exec(code, namespace)
+        except (Exception, LearnerTimeout, SystemExit,
+                KeyboardInterrupt) as exc:
+            return Feedback(False, "Running your code " + _what_happened(
+                exc, self.time_limit))
         func = namespace.get(self.func_name)
         if not callable(func):
             return Feedback(False, f"Define a function named "
@@ -176,11 +235,13 @@ class FunctionExercise(Exercise):
             expected = self.reference(*copy.deepcopy(args),
                                       **copy.deepcopy(kwargs))
             try:
-                got = func(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-            except Exception as exc:
-                line = _learner_line(exc)
-                return Feedback(False, f"Case {i}, `{call}`, raised "
-                                       f"{type(exc).__name__}: {exc}{line}")
+                with time_limit(self.time_limit):
+                    got = func(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+            except (Exception, LearnerTimeout, SystemExit,
+                    KeyboardInterrupt) as exc:
+                return Feedback(False, f"Case {i}, `{call}`: your function "
+                                + _what_happened(exc, self.time_limit)
+                                + _learner_line(exc))
             problem = compare_values(expected, got, rtol=self.rtol,
                                      atol=self.atol)
             if problem:
@@ -214,6 +275,19 @@ def _short(value: Any) -> str:
         return f"<{type(value).__name__} shape {tuple(value.shape)}>"
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _what_happened(exc: BaseException, seconds: float) -> str:
+    """How learner code ended, as the end of a feedback sentence."""
+    if isinstance(exc, LearnerTimeout):
+        return (f"did not finish within {seconds:g} s (an endless loop, or "
+                f"a sleep?)")
+    if isinstance(exc, SystemExit):
+        return ("called exit() (or raised SystemExit), which would end "
+                "the notebook's kernel: return a value instead")
+    if isinstance(exc, KeyboardInterrupt):
+        return "was interrupted (KeyboardInterrupt) before it finished"
+    return f"raised {type(exc).__name__}: {exc}"
 
 
 def _learner_line(exc: BaseException) -> str:
