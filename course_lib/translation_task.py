@@ -178,13 +178,25 @@ def translation_batches(task: TranslationTask, *, batch_size: int,
                         seed: int = 0):
     """Endless shuffled batches of training pairs (epoch after epoch).
 
-    Yields:
-        ``(src, tgt_in, tgt_out)`` from :func:`collate_translation`.
+    Each epoch is one shuffle of the training pairs cut into full batches
+    (the last, partial batch of an epoch is skipped), so ``batch_size``
+    may not exceed the number of training pairs: the arguments are checked
+    here, before the first batch is asked for.
+
+    Returns:
+        An endless iterator of ``(src, tgt_in, tgt_out)`` from
+        :func:`collate_translation`.
 
     Introduced in chapter 7.
     """
     check_int("batch_size", batch_size, minimum=1)
-    rng = random.Random(seed)
+    if batch_size > len(task.train):
+        raise ValueError(f"batch_size must be <= the {len(task.train)} "
+                         f"training pairs, got {batch_size}")
+    return _epochs(task, batch_size, random.Random(seed))
+
+
+def _epochs(task: TranslationTask, batch_size: int, rng: random.Random):
     order = list(range(len(task.train)))
     while True:
         rng.shuffle(order)

@@ -97,8 +97,16 @@ def test_translation_bad_inputs():
     task = TT.make_translation_task()
     with pytest.raises(ValueError, match="pairs must be"):
         TT.collate_translation(task, [])
+    # checked at the call, not at the first batch
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
-        next(TT.translation_batches(task, batch_size=0))
+        TT.translation_batches(task, batch_size=0)
+    # more than the training set: an epoch would yield no batch (it hung)
+    n = len(task.train)
+    with pytest.raises(ValueError, match=f"batch_size must be <= the {n} "
+                       f"training pairs, got {n + 1}"):
+        TT.translation_batches(task, batch_size=n + 1)
+    full = next(TT.translation_batches(task, batch_size=n))
+    assert full[0].shape[0] == n
 
 
 # ------------------------------------------------------ synthetic language
