@@ -38,6 +38,26 @@ __all__ = ["LayerKVCache", "KVCache", "kv_cache_bytes",
            "kv_values_per_token"]
 
 
+def _check_continues(positions, start: int, max_len: int | None) -> None:
+    """``positions`` must be the 1-D run ``start, start + 1, ...`` and fit
+    in ``max_len`` (None: no limit)."""
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1:
+        got = getattr(positions, "shape", positions)
+        raise ValueError(f"positions must be a 1-D tensor (T,), got {got}")
+    expected = torch.arange(start, start + positions.numel(),
+                            device=positions.device)
+    if not torch.equal(positions.long(), expected):
+        shown = positions.tolist()
+        shown = shown if len(shown) <= 8 else shown[:8] + ["..."]
+        raise ValueError(
+            f"positions must continue the cache, i.e. start at "
+            f"{start} and increase by 1, got {shown}")
+    if max_len is not None and start + positions.numel() > max_len:
+        raise ValueError(
+            f"cache overflow: {start} cached + {positions.numel()} new "
+            f"positions exceeds max_len={max_len}")
+
+
 class LayerKVCache:
     r"""The cache of one attention layer: a tuple of tensors grown along
     the time axis (dim ``-2``).
@@ -106,6 +126,12 @@ class LayerKVCache:
             self.tensors = tuple(new)
         return self.tensors
 
+    def check_next(self, positions: torch.Tensor) -> None:
+        """Reject ``positions`` (T,) that do not continue this cache: they
+        must be ``len, len + 1, ...`` (a gap or a repeat would pair new
+        queries with the wrong keys), and fit in ``max_len``."""
+        _check_continues(positions, len(self), self.max_len)
+
     def crop(self, n: int) -> None:
         """Keep only the first ``n`` positions (``0 <= n <= len``)."""
         check_int("n", n, minimum=0)
@@ -159,21 +185,7 @@ class KVCache:
         """Reject ``positions`` (T,) that do not continue the cache:
         they must be ``seq_len, seq_len + 1, ...``. A gap or a repeat
         would pair new queries with the wrong keys."""
-        start = self.seq_len
-        expected = torch.arange(start, start + positions.numel(),
-                                device=positions.device)
-        if positions.dim() != 1 or not torch.equal(positions.long(),
-                                                   expected):
-            shown = positions.tolist()
-            shown = shown if len(shown) <= 8 else shown[:8] + ["..."]
-            raise ValueError(
-                f"positions must continue the cache, i.e. start at "
-                f"{start} and increase by 1, got {shown}")
-        if self.max_len is not None and start + positions.numel() \
-                > self.max_len:
-            raise ValueError(
-                f"cache overflow: {start} cached + {positions.numel()} new "
-                f"positions exceeds max_len={self.max_len}")
+        _check_continues(positions, self.seq_len, self.max_len)
 
     def fork(self) -> "KVCache":
         """An independent copy (e.g. after a shared prefix): appending to

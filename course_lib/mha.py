@@ -338,11 +338,19 @@ class MultiHeadAttention(nn.Module):
 
     @staticmethod
     def _positions(positions, T: int, cache, device) -> torch.Tensor:
-        """The queries' positions: given, or the T after the cached ones."""
-        if positions is not None:
-            return positions
-        past = len(cache) if cache is not None else 0
-        return torch.arange(past, past + T, device=device)   # (T,)
+        """The queries' positions: given (and, with a cache, checked to
+        continue it), or the T after the cached ones."""
+        if positions is None:
+            past = len(cache) if cache is not None else 0
+            return torch.arange(past, past + T, device=device)   # (T,)
+        if not isinstance(positions, torch.Tensor) or \
+                tuple(positions.shape) != (T,):
+            got = getattr(positions, "shape", positions)
+            raise ValueError(f"positions must be a tensor of shape (T,) = "
+                             f"({T},), got {got}")
+        if cache is not None:
+            cache.check_next(positions)
+        return positions
 
     def forward_loop(self, x: torch.Tensor,
                      mask: torch.Tensor | None = None, *,

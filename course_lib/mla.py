@@ -265,6 +265,8 @@ class MultiHeadLatentAttention(nn.Module):
             got = getattr(positions, "shape", positions)
             raise ValueError(f"positions must be a tensor of shape (T,) = "
                              f"({T},), got {got}")
+        if cache is not None:
+            cache.check_next(positions)      # rotations must match the keys
         absorb = self.absorb if absorb is None else absorb
 
         # 1) Queries. c^Q = Norm(W^{DQ} h); [q^C; q^R] = [W^{UQ}; W^{QR}] c^Q

@@ -399,3 +399,32 @@ def test_rope_attention_alone_continues_cache_positions():
                  for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full,
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["mha_rope", "mla"])
+def test_layers_reject_positions_that_do_not_continue_their_cache(kind):
+    # Probe finding 8: called directly with a cache, a layer rotated a new
+    # token by whatever position it was given, e.g. 0 after 3 cached ones.
+    from course_lib.kv_cache import LayerKVCache
+    from course_lib.mha import MultiHeadAttention
+    from course_lib.mla import MLAConfig, MultiHeadLatentAttention
+    from course_lib.positional import RotaryEmbedding
+    torch.manual_seed(0)
+    if kind == "mla":
+        layer = MultiHeadLatentAttention(MLAConfig(
+            hidden_size=16, num_attention_heads=2, q_lora_rank=8,
+            kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,
+            v_head_dim=4))
+    else:
+        layer = MultiHeadAttention(16, 2, rope=RotaryEmbedding(8))
+    cache = LayerKVCache(max_len=5)
+    layer(torch.randn(1, 3, 16), cache=cache)
+    with pytest.raises(ValueError, match=r"positions must continue the "
+                       r"cache, i.e. start at 3 and increase by 1, got \[0\]"):
+        layer(torch.randn(1, 1, 16), cache=cache, positions=torch.tensor([0]))
+    assert len(cache) == 3                       # nothing was appended
+    with pytest.raises(ValueError, match="cache overflow: 3 cached"):
+        layer(torch.randn(1, 3, 16), cache=cache,
+              positions=torch.arange(3, 6))
+    layer(torch.randn(1, 1, 16), cache=cache, positions=torch.tensor([3]))
+    assert len(cache) == 4
