@@ -137,6 +137,8 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
 
     Introduced in chapter 9.
     """
+    # every argument is checked before the caller's cache is touched
+    sampling.check_sampling_args(temperature, top_k, top_p)
     if not use_cache:
         if cache is not None:
             raise ValueError("cache must be None when use_cache=False, "

@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from .validation import check_ids, check_int, check_real
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter",
-           "sampling_distribution", "sample_next", "generate",
+           "sampling_distribution", "check_sampling_args", "sample_next",
+           "generate",
            "sequence_log_prob"]
 
 
@@ -68,6 +69,19 @@ def _check_top_k(top_k) -> int:
 def _check_top_p(top_p) -> float:
     check_real("top_p", top_p, positive=True, maximum=1)
     return float(top_p)
+
+
+def check_sampling_args(temperature, top_k, top_p) -> None:
+    """Validate a sampler's settings before any work is done with them
+    (``top_k``/``top_p`` may be None: off).
+
+    Introduced in chapter 8.
+    """
+    _check_temperature(temperature)
+    if top_k is not None:
+        _check_top_k(top_k)
+    if top_p is not None:
+        _check_top_p(top_p)
 
 
 def apply_temperature(logits: torch.Tensor,
@@ -208,11 +222,7 @@ def sampling_distribution(logits: torch.Tensor, *,
     Introduced in chapter 8.
     """
     _check_logits(logits)
-    _check_temperature(temperature)
-    if top_k is not None:
-        _check_top_k(top_k)
-    if top_p is not None:
-        _check_top_p(top_p)
+    check_sampling_args(temperature, top_k, top_p)
     # 1) temperature
     z = apply_temperature(logits, temperature)
     # 2) top-k, 3) top-p
@@ -303,10 +313,8 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     Introduced in chapter 8.
     """
     check_ids("prompt_ids", prompt_ids)
-    if isinstance(max_new_tokens, bool) or not isinstance(
-            max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got "
-                         f"{max_new_tokens!r}")
+    check_int("max_new_tokens", max_new_tokens, minimum=0)
+    check_sampling_args(temperature, top_k, top_p)
     window = _model_max_len(model, max_len)
     idx = prompt_ids.reshape(-1, prompt_ids.shape[-1]).long()  # (B, T0)
     # eval mode (no dropout) for the call, restored afterwards

@@ -428,3 +428,20 @@ def test_layers_reject_positions_that_do_not_continue_their_cache(kind):
               positions=torch.arange(3, 6))
     layer(torch.randn(1, 1, 16), cache=cache, positions=torch.tensor([3]))
     assert len(cache) == 4
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_k=0),
+                                 dict(top_p=1.5)])
+def test_generate_rejects_bad_settings_before_touching_the_cache(bad):
+    # Probe finding 7: the prompt was prefilled into the caller's cache
+    # before temperature/top_k/top_p were checked, corrupting a prefix
+    # cache kept for reuse; with max_new_tokens=0 they were not checked.
+    lm = tiny_lm()
+    cache = KVCache(lm.config.n_layers, max_len=lm.config.max_len)
+    prompt = torch.randint(23, (1, 5))
+    for n in (3, 0):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            generate(lm, prompt, n, cache=cache, **bad)
+        assert cache.seq_len == 0
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            sampling.generate(lm, prompt, n, **bad)
