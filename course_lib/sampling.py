@@ -50,6 +50,10 @@ def _check_logits(logits) -> None:
                          f"{tuple(logits.shape)}")
     if torch.isnan(logits).any():
         raise ValueError("logits must not contain NaN")
+    # +inf has no probability (inf / inf): an overflowed model output
+    if (logits == float("inf")).any():
+        raise ValueError("logits must not contain +inf (an overflow, e.g. "
+                         "a float16 model: run it in float32)")
     # a row of -inf has no distribution: softmax would return NaN
     if (logits == float("-inf")).all(dim=-1).any():
         raise ValueError("every row of logits needs at least one entry "
@@ -99,12 +103,18 @@ def apply_temperature(logits: torch.Tensor,
     ``torch.argmax``: the first maximum keeps logit 0 and all others get
     $-\infty$, so sampling at $T = 0$ is exactly greedy decoding.
 
+    A small $T$ can overflow $z / T$ (float16 logits of 12 at
+    $T = 10^{-4}$ exceed 65504): the division is done in float32 at least,
+    and where it would still overflow, on $z - \max_j z_j$ instead, which
+    changes no probability (softmax ignores a shift of every logit).
+
     Args:
         logits: ``(..., V)`` floating tensor.
         temperature: a finite number $T \ge 0$.
 
     Returns:
-        ``(..., V)`` tensor of tempered logits.
+        ``(..., V)`` tensor of tempered logits (float32 for half-precision
+        input).
 
     Introduced in chapter 8.
     """
@@ -114,8 +124,11 @@ def apply_temperature(logits: torch.Tensor,
         first_max = logits.argmax(dim=-1, keepdim=True)       # (..., 1)
         out = torch.full_like(logits, float("-inf"))
         return out.scatter(-1, first_max, 0.0)                # (..., V)
-    # z / T
-    return logits / T
+    z = logits.float() if logits.element_size() < 4 else logits
+    out = z / T                                               # z / T
+    if (torch.isinf(out) & torch.isfinite(z)).any():          # overflowed
+        out = (z - z.amax(dim=-1, keepdim=True)) / T
+    return out
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -363,3 +363,36 @@ def test_bad_logit_values_raise():
         S.sample_next(torch.tensor([0.0, float("nan")]))
     with pytest.raises(ValueError, match="at least one entry above -inf"):
         S.sampling_distribution(torch.tensor([[0.0, 1.0], [INF, INF]]))
+
+
+@pytest.mark.parametrize("dtype, logits, T", [
+    (torch.float16, [12.0, 8.0, 0.0], 1e-4),       # fp16 z/T > 65504
+    (torch.float16, [1000.0, 990.0, 0.0], 0.01),
+    (torch.float32, [12.0, 8.0, 0.0], 1e-39),      # fp32 z/T > 3.4e38
+    (torch.bfloat16, [3.0, 2.0, 1.0], 1e-30),
+])
+def test_tiny_temperature_is_near_greedy_not_nan(dtype, logits, T):
+    # Probe finding 4: z / T overflowed to inf and softmax gave NaN.
+    z = torch.tensor(logits, dtype=dtype)
+    p = S.sampling_distribution(z, temperature=T)
+    assert torch.isfinite(p).all()
+    torch.testing.assert_close(p.double(), torch.tensor([1.0, 0.0, 0.0],
+                                                        dtype=torch.float64))
+    assert S.sample_next(z, temperature=T).item() == 0
+
+
+def test_temperature_in_half_precision_matches_float64():
+    z = torch.tensor([[2.0, 1.0, -1.0, 0.5]], dtype=torch.float16)
+    p = S.sampling_distribution(z, temperature=0.7)
+    ref = torch.softmax(z.double() / 0.7, dim=-1)
+    torch.testing.assert_close(p.double(), ref, atol=1e-6, rtol=1e-6)
+
+
+def test_positive_infinite_logits_are_rejected():
+    # Probe finding 5: +inf passed through and softmax returned NaN.
+    z = torch.tensor([float("inf"), 0.0])
+    for call in (lambda: S.sampling_distribution(z),
+                 lambda: S.sample_next(z), lambda: S.apply_temperature(z, 1.0),
+                 lambda: S.top_k_filter(z, 1)):
+        with pytest.raises(ValueError, match=r"logits must not contain \+inf"):
+            call()
