@@ -112,13 +112,16 @@ def scaled_dot_product_attention(
             q, k, v, attn_mask=safe_mask, scale=scale)     # (..., Lq, d_v)
         return out if has_key is None else out * has_key
 
-    # 1) Scores S = Q K^T s (scaling q first costs Lq*d_k, not Lq*Lk).
+    # 1) Scores S = Q K^T s (scaling q first costs Lq*d_k, not Lq*Lk),
+    #    in float32 for half-precision q, k: scores can pass fp16's 65504.
+    if q.element_size() < 4:
+        q, k = q.float(), k.float()
     scores = (q * scale) @ k.transpose(-2, -1)             # (..., Lq, Lk)
     # 2) Additive mask: S + M with M = -inf where the mask is False.
     if safe_mask is not None:
         scores = scores.masked_fill(~safe_mask, float("-inf"))
-    # 3) A = softmax(S + M) along the keys.
-    weights = torch.softmax(scores, dim=-1)                # (..., Lq, Lk)
+    # 3) A = softmax(S + M) along the keys (then back to v's dtype).
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)    # (..., Lq, Lk)
     if has_key is not None:
         weights = weights * has_key                        # zero dead rows
     # 4) out = A V: each output row is a weighted average of value rows.

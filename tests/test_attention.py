@@ -370,3 +370,17 @@ def test_padding_mask_accepts_numpy_lengths_and_device():
     assert M.padding_mask([3, 1], 4, device="cpu").device.type == "cpu"
     with pytest.raises(ValueError, match="lengths must be a non-empty"):
         M.padding_mask(np.array([]), 4)
+
+
+def test_half_precision_scores_above_fp16_max_stay_finite():
+    # Probe finding 6: |q| = |k| = 100 per entry, d_k = 64 gives scores of
+    # 8e4 > 65504: the explicit path returned NaN, the fused one did not.
+    h = torch.full((1, 1, 4, 64), 100.0, dtype=torch.float16)
+    v = torch.randn(1, 1, 4, 64, generator=torch.Generator().manual_seed(0))
+    mask = M.causal_mask(4)
+    out, w = A.scaled_dot_product_attention(h, h, v.half(), mask,
+                                            return_weights=True)
+    ref = A.scaled_dot_product_attention(h.double(), h.double(), v.double(),
+                                         mask)
+    assert out.dtype == w.dtype == torch.float16
+    torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
