@@ -135,16 +135,28 @@ class Transformer(nn.Module):
         """Teacher-forced logits (B, T, V). src (B, S) ids; tgt_in (B, T)
         = BOS + target[:-1]; src_lengths, tgt_lengths: B ints (real tokens,
         right-padded; None = no padding); return_weights as in decode."""
-        src_mask = None if src_lengths is None else \
-            padding_mask(src_lengths, src.shape[1]).to(src.device)
+        src_mask = _padding(src_lengths, src, "src_lengths")  # (B, 1, S)
         T = tgt_in.shape[1]
         tgt_mask = causal_mask(T, device=tgt_in.device)      # (T, T)
         if tgt_lengths is not None:
-            tgt_mask = combine_masks(tgt_mask, padding_mask(
-                tgt_lengths, T).to(tgt_in.device))           # (B, T, T)
+            tgt_mask = combine_masks(tgt_mask, _padding(
+                tgt_lengths, tgt_in, "tgt_lengths"))         # (B, T, T)
         memory = self.encode(src, src_mask)                  # (B, S, D)
         return self.decode(tgt_in, memory, src_mask, tgt_mask,
                            return_weights=return_weights)
+
+
+def _padding(lengths, ids: torch.Tensor, name: str):
+    """Key-padding mask (B, 1, L) for ``ids`` (B, L), or None; ``lengths``
+    must hold one entry per sequence (one entry would broadcast silently
+    over the whole batch)."""
+    if lengths is None:
+        return None
+    n = len(lengths) if hasattr(lengths, "__len__") else None
+    if n != ids.shape[0]:
+        raise ValueError(f"{name} must hold one length per sequence "
+                         f"(B={ids.shape[0]}), got {lengths!r:.60}")
+    return padding_mask(lengths, ids.shape[1]).to(ids.device)
 
 
 @torch.no_grad()
@@ -164,8 +176,7 @@ def greedy_decode(model: Transformer, src: torch.Tensor, *, max_len: int,
     check_int("max_len", max_len, minimum=1)
     was_training = model.training
     model.eval()
-    src_mask = None if src_lengths is None else \
-        padding_mask(src_lengths, src.shape[1]).to(src.device)
+    src_mask = _padding(src_lengths, src, "src_lengths")     # (B, 1, S)
     memory = model.encode(src, src_mask)                     # (B, S, D)
     ys = torch.full((src.shape[0], 1), bos_id, dtype=torch.long,
                     device=src.device)                       # (B, 1)

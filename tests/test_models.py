@@ -264,3 +264,20 @@ def test_transformer_init_is_reproducible_with_separate_embeddings():
         states.append(Transformer(cfg).state_dict())
     for state in states[1:]:
         assert all(torch.equal(state[k], states[0][k]) for k in state)
+
+
+def test_one_length_for_a_batch_is_an_error_not_a_broadcast():
+    # Probe finding 9: src_lengths=[2] for a batch of 2 broadcast sequence
+    # 0's padding over the batch.
+    tr = tiny_transformer()
+    src = torch.randint(3, 11, (2, 4))
+    tgt = torch.randint(3, 11, (2, 4))
+    for kw in (dict(src_lengths=[2]), dict(tgt_lengths=[2]),
+               dict(src_lengths=[2, 3, 4])):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=f"{name} must hold one length "
+                           f"per sequence \\(B=2\\)"):
+            tr(src, tgt, **kw)
+    with pytest.raises(ValueError, match="src_lengths must hold one length"):
+        greedy_decode(tr, src, max_len=3, bos_id=1, eos_id=2, src_lengths=[4])
+    tr(src, tgt, src_lengths=[2, 4], tgt_lengths=torch.tensor([3, 4]))
