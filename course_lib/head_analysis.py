@@ -41,6 +41,13 @@ __all__ = ["BOS", "induction_batch", "TinyAttentionModel",
 BOS = 0          # beginning-of-sequence token id
 
 
+def _check_index(name: str, value, n: int) -> None:
+    """``value`` must be an int in ``[0, n)`` (a head or layer index)."""
+    check_int(name, value, minimum=0)
+    if value >= n:
+        raise ValueError(f"{name} must be < {n}, got {value}")
+
+
 def induction_batch(batch_size: int, *, length: int = 24,
                     vocab_size: int = 17, min_period: int = 3,
                     max_period: int = 8,
@@ -194,6 +201,17 @@ def accuracy(model: TinyAttentionModel, inputs: torch.Tensor,
 
     Introduced in chapter 5.
     """
+    n_layers, n_heads = len(model.layers), model.layers[0].n_heads
+    for pair in ablate:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise ValueError(f"ablate must hold (layer, head) pairs, got "
+                             f"{pair!r}")
+        _check_index("layer", pair[0], n_layers)
+        _check_index("head", pair[1], n_heads)
+    keep = targets != IGNORE
+    if not keep.any():
+        raise ValueError("targets must hold at least one target that is "
+                         "not IGNORE (accuracy over no tokens is undefined)")
     saved = []
     try:
         for layer, head in ablate:
@@ -206,7 +224,6 @@ def accuracy(model: TinyAttentionModel, inputs: torch.Tensor,
     finally:
         for mha, cols, w in reversed(saved):
             mha.o_proj.weight[:, cols] = w
-    keep = targets != IGNORE
     return (pred[keep] == targets[keep]).float().mean().item()
 
 
@@ -305,6 +322,8 @@ def head_distance(mha: MultiHeadAttention, a: int, b: int) -> float:
 
     Introduced in chapter 5.
     """
+    _check_index("a", a, mha.n_heads)
+    _check_index("b", b, mha.n_heads)
     d = mha.head_dim
     sa, sb = slice(a * d, (a + 1) * d), slice(b * d, (b + 1) * d)
     diffs = [(mha.o_proj.weight[:, sa] - mha.o_proj.weight[:, sb]).abs().max()]

@@ -209,3 +209,20 @@ def test_copy_head_bad_arguments():
         copy_head(MultiHeadAttention(16, 4), src=0, dst=4)
     with pytest.raises(ValueError, match=r"needs n_kv_heads == n_heads"):
         copy_head(MultiHeadAttention(16, 4, n_kv_heads=2), src=0, dst=1)
+
+
+def test_ablating_a_head_that_does_not_exist_is_an_error():
+    # Probe finding 11: head >= n_heads ablated an empty slice, i.e.
+    # nothing, and reported the intact model's accuracy as the ablated one.
+    model = tiny(n_heads=2)
+    x, y = induction_batch(4, generator=torch.Generator().manual_seed(0))
+    for pair, match in [((0, 2), "head must be < 2, got 2"),
+                        ((0, -1), "head must be >= 0, got -1"),
+                        ((2, 0), "layer must be < 2, got 2"),
+                        ((0,), r"ablate must hold \(layer, head\) pairs")]:
+        with pytest.raises(ValueError, match=match):
+            accuracy(model, x, y, ablate=(pair,))
+    with pytest.raises(ValueError, match="at least one target"):
+        accuracy(model, x, torch.full_like(y, IGNORE))
+    with pytest.raises(ValueError, match="b must be < 2, got 5"):
+        head_distance(model.layers[0], 0, 5)
