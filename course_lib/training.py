@@ -256,15 +256,38 @@ def save_checkpoint(path, model: nn.Module,
     """Save model and optimizer state (AdamW's $m$, $v$) and the step.
 
     Resuming needs the optimizer state too: without $m$ and $v$ the next
-    AdamW steps differ from those of an uninterrupted run.
+    AdamW steps differ from those of an uninterrupted run. ``extra``
+    values must be what :func:`load_checkpoint`'s safe loader
+    (``weights_only=True``) reads back: None, bool, int, float, str,
+    tensors, and lists, tuples and dicts of those; anything else (a NumPy
+    scalar, a dataclass, a path) is rejected here rather than saved
+    unreadable.
 
     Introduced in chapter 7.
     """
     check_int("step", step, minimum=0)
+    for key, value in extra.items():
+        if not _loadable(value):
+            raise ValueError(
+                f"extra {key}={value!r:.60} cannot be loaded back safely: "
+                f"use None, bool, int, float, str, a tensor, or a list, "
+                f"tuple or dict of those (e.g. float(x), str(path))")
     torch.save({"model": model.state_dict(),
                 "optimizer": None if optimizer is None
                 else optimizer.state_dict(),
                 "step": step, "extra": extra}, Path(path))
+
+
+def _loadable(value) -> bool:
+    """True if ``torch.load(weights_only=True)`` can read ``value`` back."""
+    if value is None or type(value) in (bool, int, float, str) or \
+            isinstance(value, torch.Tensor):
+        return True
+    if type(value) in (list, tuple):
+        return all(_loadable(v) for v in value)
+    if type(value) is dict:
+        return all(_loadable(k) and _loadable(v) for k, v in value.items())
+    return False
 
 
 def load_checkpoint(path, model: nn.Module,

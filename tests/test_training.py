@@ -272,3 +272,30 @@ def test_evaluate_runs_without_grad_in_eval_mode_and_restores():
     assert T.evaluate(model, probe) == 1.5
     assert seen == {"training": False, "grad": False}
     assert model.training
+
+
+@pytest.mark.parametrize("extra", [
+    {"best": __import__("numpy").float64(0.5)},
+    {"where": __import__("pathlib").Path("/tmp")},
+    {"hist": T.History()},
+    {"nested": [1, {"a": __import__("numpy").int64(2)}]},
+])
+def test_checkpoint_extras_that_cannot_be_loaded_are_refused(tmp_path,
+                                                             extra):
+    # Probe finding 10: these were saved, then load_checkpoint failed with
+    # an UnpicklingError.
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="cannot be loaded back safely"):
+        T.save_checkpoint(tmp_path / "c.pt", model, None, 1, **extra)
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_checkpoint_extras_round_trip(tmp_path):
+    model = nn.Linear(2, 2)
+    extra = dict(note="x", best=0.5, steps=[1, 2], cfg={"d": 4, "t": (1, 2)},
+                 mask=torch.ones(2, dtype=torch.bool), nothing=None)
+    T.save_checkpoint(tmp_path / "c.pt", model, None, 3, **extra)
+    meta = T.load_checkpoint(tmp_path / "c.pt", model)
+    assert meta["step"] == 3 and meta["cfg"] == {"d": 4, "t": (1, 2)}
+    assert meta["note"] == "x" and meta["steps"] == [1, 2]
+    assert meta["nothing"] is None and torch.equal(meta["mask"], extra["mask"])
