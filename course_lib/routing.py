@@ -90,7 +90,8 @@ def select_top_k(probs: torch.Tensor, k: int, *, normalize: bool = True
     With ``normalize`` the chosen scores are divided by their sum,
     $g_i = p_i / \sum_{j \in \mathrm{TopK}} p_j$, so the gates add up
     to 1: $[0.6, 0.3, 0.1]$ with $k = 2$ gives $[2/3, 1/3]$. Without it
-    the gates are the raw $p_i$ (Switch, $k = 1$).
+    the gates are the raw $p_i$ (Switch, $k = 1$). Chosen scores that
+    are all 0 (ties at zero) get the limit of equal scores, $1/k$ each.
 
     Args:
         probs: ``(..., E)`` non-negative scores. k: $1 \le k \le E$.
@@ -109,8 +110,9 @@ def select_top_k(probs: torch.Tensor, k: int, *, normalize: bool = True
         raise ValueError(f"k must be <= E={probs.shape[-1]}, got {k}")
     weights, indices = probs.topk(k, dim=-1)                 # (..., k)
     if normalize:
-        # g_i = p_i / sum_{j in TopK} p_j
-        weights = weights / weights.sum(-1, keepdim=True)
+        # g_i = p_i / sum_{j in TopK} p_j (1/k if that sum is 0)
+        total = weights.sum(-1, keepdim=True)                # (..., 1)
+        weights = torch.where(total > 0, weights / total, 1.0 / k)
     return indices, weights
 
 
@@ -340,6 +342,8 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor,
         raise ValueError(f"indices must be a long tensor of shape "
                          f"{tuple(probs.shape[:-1])} + (k,), got {got!r:.60}")
     expert_load(indices, n_experts)                          # range check
+    if probs.shape[-2] == 0:
+        return probs.new_zeros(())     # no tokens: nothing is imbalanced
     one_hot = nn.functional.one_hot(indices, n_experts)      # (.., N, k, E)
     # f_i = (slots sent to i) / (N k)
     f = one_hot.flatten(-3, -2).float().mean(-2)             # (.., E)

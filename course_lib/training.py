@@ -116,6 +116,9 @@ def next_token_loss(model: nn.Module, batch) -> torch.Tensor:
     Introduced in chapter 7.
     """
     inputs, targets = batch
+    if not (targets != IGNORE).any():
+        raise ValueError("targets must hold at least one target that is not "
+                         "IGNORE (a mean over no tokens is NaN)")
     logits = model(inputs)                                   # (B, T, V)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
                            ignore_index=IGNORE)

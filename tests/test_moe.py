@@ -215,3 +215,18 @@ def test_moe_bad_input():
         _moe()(torch.randn(3, 5, 15))
     with pytest.raises(ValueError, match="top_k must be <= n_experts"):
         expected_fraction_touched(3, 2, 3)
+
+
+def test_empty_and_degenerate_inputs_are_finite():
+    # Probe finding 13: 0 tokens gave aux_loss = nan; an all-zero score row
+    # (valid input for select_top_k) gave NaN gates.
+    from course_lib.routing import select_top_k
+    torch.manual_seed(0)
+    m = MoE(8, n_experts=4, top_k=2, d_expert=6)
+    out, info = m(torch.zeros(0, 8))
+    assert out.shape == (0, 8) and info.aux_loss.item() == 0.0
+    assert info.load.sum().item() == 0
+    idx, gates = select_top_k(torch.zeros(2, 4), 2)
+    torch.testing.assert_close(gates, torch.full((2, 2), 0.5))
+    idx, gates = select_top_k(torch.tensor([[0.6, 0.3, 0.1, 0.0]]), 2)
+    torch.testing.assert_close(gates, torch.tensor([[2 / 3, 1 / 3]]))

@@ -299,3 +299,12 @@ def test_checkpoint_extras_round_trip(tmp_path):
     assert meta["step"] == 3 and meta["cfg"] == {"d": 4, "t": (1, 2)}
     assert meta["note"] == "x" and meta["steps"] == [1, 2]
     assert meta["nothing"] is None and torch.equal(meta["mask"], extra["mask"])
+
+
+def test_loss_over_no_counted_target_is_an_error():
+    # Probe finding 13: every target IGNORE gave a NaN loss.
+    model = nn.Embedding(5, 5)
+    inputs = torch.zeros(2, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="at least one target that is not "
+                       "IGNORE"):
+        T.next_token_loss(model, (inputs, torch.full((2, 3), ST.IGNORE)))
