@@ -29,7 +29,7 @@ from numbers import Real
 import torch
 from torch import nn
 
-from .validation import check_int
+from .validation import check_int, check_real
 
 __all__ = ["FeedForward", "SwiGLU", "RMSNorm", "make_norm",
            "ffn_param_count", "swiglu_param_count", "llama_hidden_dim",
@@ -47,8 +47,8 @@ def _check_unit(name: str, value) -> None:
 
 
 def _check_eps(eps) -> None:
-    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps > 0:
-        raise ValueError(f"eps must be a number > 0, got {eps!r}")
+    # finite and > 0: eps = 0 divides by 0 on a constant input, inf zeroes
+    check_real("eps", eps, positive=True)
 
 
 def _check_last(name: str, x, width: int) -> None:
@@ -215,11 +215,14 @@ def make_norm(kind: str, d: int, *, eps: float | None = None,
 
     Introduced in chapter 6.
     """
+    if kind not in ("layer", "rms"):
+        raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+    check_int("d", d, minimum=1)
+    if eps is not None:
+        _check_eps(eps)
     if kind == "layer":
         return nn.LayerNorm(d, eps=1e-5 if eps is None else eps, bias=bias)
-    if kind == "rms":
-        return RMSNorm(d, eps=1e-6 if eps is None else eps)
-    raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+    return RMSNorm(d, eps=1e-6 if eps is None else eps)
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -146,7 +146,7 @@ def test_bad_inputs():
         SwiGLU(8.0, 16)
     with pytest.raises(ValueError, match="dropout must be a number in"):
         FeedForward(8, 16, dropout=1.5)
-    with pytest.raises(ValueError, match="eps must be a number > 0"):
+    with pytest.raises(ValueError, match="eps must be > 0"):
         RMSNorm(8, eps=0)
     with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 8\)"):
         FeedForward(8, 16)(torch.randn(2, 7))
@@ -156,3 +156,21 @@ def test_bad_inputs():
         make_norm("batch", 8)
     with pytest.raises(ValueError, match="multiple_of must be >= 1"):
         llama_hidden_dim(64, multiple_of=0)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("eps", [0, -1e-5, float("inf"), float("nan")])
+def test_norm_eps_must_be_finite_and_positive(kind, eps):
+    # Probe finding 14: LayerNorm's eps was never validated (eps = 0 gave
+    # NaN on a constant input), RMSNorm accepted inf (all zeros).
+    with pytest.raises(ValueError, match="eps must be"):
+        make_norm(kind, 4, eps=eps)
+    with pytest.raises(ValueError, match="d must be >= 1, got 0"):
+        make_norm(kind, 0)
+
+
+def test_encoder_and_decoder_layers_validate_eps():
+    from course_lib.blocks import DecoderLayer, EncoderLayer
+    for layer in (EncoderLayer, DecoderLayer):
+        with pytest.raises(ValueError, match="eps must be > 0, got 0"):
+            layer(8, 2, 16, eps=0)
