@@ -31,10 +31,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .validation import check_int
+from .validation import check_int, check_real
 
 __all__ = ["ModelConfig", "check_model_config", "GPT2_SMALL", "LLAMA2_7B",
            "MIXTRAL_8X7B", "DEEPSEEK_V3", "KIMI_K2", "PUBLISHED"]
+
+
+# hidden_act values of the published configs: "silu" gates a SwiGLU FFN
+# (3 matrices); "gelu_new" (GPT-2), "gelu" and "relu" are two-matrix MLPs.
+ACTIVATIONS = ("silu", "gelu_new", "gelu", "relu")
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,27 @@ class ModelConfig:
                     raise ValueError(f"topk_group must be <= n_group="
                                      f"{self.n_group}, got "
                                      f"{self.topk_group}")
+        # Values that would make a count silently wrong (probe finding 15)
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act must be one of {ACTIVATIONS} "
+                             f"(silu = a gated SwiGLU FFN, the others a "
+                             f"two-matrix MLP), got {self.hidden_act!r}")
+        for name in ("tie_word_embeddings", "attention_bias", "mlp_bias",
+                     "norm_topk_prob"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got "
+                                 f"{getattr(self, name)!r}")
+        check_int("num_nextn_predict_layers", self.num_nextn_predict_layers,
+                  minimum=0)
+        check_real("routed_scaling_factor", self.routed_scaling_factor,
+                   positive=True)
+        for name in ("published_total", "published_active"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), minimum=1)
+        if self.first_k_dense_replace > self.num_hidden_layers:
+            raise ValueError(f"first_k_dense_replace must be <= "
+                             f"num_hidden_layers={self.num_hidden_layers}, "
+                             f"got {self.first_k_dense_replace}")
         if (self.n_routed_experts is None
                 or self.first_k_dense_replace > 0) \
                 and self.intermediate_size < 1:

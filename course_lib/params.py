@@ -39,6 +39,7 @@ from numbers import Real
 
 from .mla import mla_param_count
 from .model_configs import ModelConfig, check_model_config
+from .validation import check_int
 
 __all__ = ["ParamCount", "count_parameters", "embedding_params",
            "attention_params", "mla_attention_params", "dense_ffn_params",
@@ -107,6 +108,7 @@ def dense_ffn_params(config: ModelConfig, *, width: int | None = None
     """
     c = check_model_config(config)
     I = c.intermediate_size if width is None else width
+    check_int("width", I, minimum=0)
     D = c.hidden_size
     if c.hidden_act == "silu":
         # gate_proj, up_proj (D, I); down_proj (I, D)

@@ -245,3 +245,32 @@ def test_config_views():
                               "DeepSeek-V3", "Kimi K2"}
     with pytest.raises(dataclasses.FrozenInstanceError):
         LLAMA2_7B.hidden_size = 8
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(hidden_act="swiglu"), "hidden_act must be one of"),
+    (dict(num_nextn_predict_layers=-1),
+     "num_nextn_predict_layers must be >= 0, got -1"),
+    (dict(first_k_dense_replace=3), "first_k_dense_replace must be <= "
+     "num_hidden_layers=2, got 3"),
+    (dict(routed_scaling_factor=float("nan")),
+     "routed_scaling_factor must be finite"),
+    (dict(tie_word_embeddings="no"), "tie_word_embeddings must be a bool"),
+    (dict(published_total=-5), "published_total must be >= 1, got -5"),
+])
+def test_configs_that_would_miscount_are_rejected(overrides, match):
+    # Probe finding 15: each of these built a config whose parameter
+    # count was silently wrong (e.g. "swiglu" counted as a 2-matrix MLP).
+    base = dict(name="t", vocab_size=10, hidden_size=8, num_hidden_layers=2,
+                num_attention_heads=2, intermediate_size=16)
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**{**base, **overrides})
+
+
+def test_dense_ffn_width_must_not_be_negative():
+    cfg = ModelConfig(name="t", vocab_size=10, hidden_size=8,
+                      num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=16)
+    assert dense_ffn_params(cfg) == 3 * 8 * 16
+    with pytest.raises(ValueError, match="width must be >= 0, got -1"):
+        dense_ffn_params(cfg, width=-1)
