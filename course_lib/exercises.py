@@ -159,11 +159,35 @@ class Exercise:
 # ----------------------------------------------------------------------------
 # Numeric answers
 # ----------------------------------------------------------------------------
-_FRACTION_RE = re.compile(r"^\s*([-+]?[\d.eE+-]+)\s*/\s*([-+]?[\d.eE+-]+)\s*$")
+# One grammar for the Python checker and the page's JavaScript checker
+# (NumericExercise._static_body writes the same rules in JS): ASCII digits,
+# an optional decimal point and exponent, or a fraction a/b. A comma is a
+# thousands separator when it groups digits by three (2,362,368 or
+# 1,234.5), and a decimal comma otherwise (0,6652 or 1,5).
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_NUMBER_RE = re.compile(rf"^({_NUM})$", re.ASCII)
+_FRACTION_RE = re.compile(rf"^({_NUM})\s*/\s*({_NUM})$", re.ASCII)
+_THOUSANDS_RE = re.compile(r"^[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d*)?$",
+                           re.ASCII)
+_DECIMAL_COMMA_RE = re.compile(r"^[-+]?\d+,\d+$", re.ASCII)
+
+
+def _normalise_commas(text: str) -> str:
+    if "," not in text:
+        return text
+    if _THOUSANDS_RE.match(text):
+        return text.replace(",", "")         # 2,362,368 -> 2362368
+    if _DECIMAL_COMMA_RE.match(text):
+        return text.replace(",", ".")        # 0,6652 -> 0.6652
+    return text                              # left for the error below
 
 
 def parse_number(answer: Any) -> float:
     """A finite float from a number, 0-d array/tensor or text like ``2/3``.
+
+    Text follows one grammar, shared with the page's JavaScript checker:
+    ``0.25``, ``-2.5e-3``, ``1/4``, thousands separators grouping by three
+    (``2,362,368``) and a decimal comma (``0,6652``, ``1,5``).
 
     Raises ValueError with a learner-readable message otherwise.
     """
@@ -174,22 +198,31 @@ def parse_number(answer: Any) -> float:
     if isinstance(answer, numbers.Real):
         value = float(answer)
     elif isinstance(answer, str):
-        text = answer.strip().replace(",", "")
+        text = _normalise_commas(answer.strip())
         if not text:
             raise ValueError("the answer is empty: type a number")
-        m = _FRACTION_RE.match(text)
+        whole, frac = _NUMBER_RE.match(text), _FRACTION_RE.match(text)
         try:
-            value = (float(m.group(1)) / float(m.group(2)) if m
+            if not (whole or frac):
+                raise ValueError
+            value = (float(frac.group(1)) / float(frac.group(2)) if frac
                      else float(text))
         except (ValueError, ZeroDivisionError):
-            raise ValueError(f"{answer!r} is not a number "
+            raise ValueError(f"{answer.strip()!r:.40} is not a number "
                              "(write e.g. 0.25, 2.5e-3 or 1/4)") from None
     else:
         raise ValueError(
             f"a number is expected, got a {type(answer).__name__}")
     if not math.isfinite(value):
-        raise ValueError(f"{answer!r} is not a finite number")
+        raise ValueError(f"{str(answer).strip()!r:.40} is not a finite "
+                         f"number")
     return value
+
+
+def _exact(value: float) -> str:
+    """A number as the learner gave it: 2362368, not 2.36237e+06."""
+    return str(int(value)) if value.is_integer() and abs(value) < 1e16 \
+        else repr(value)
 
 
 class NumericExercise(Exercise):
@@ -224,13 +257,13 @@ class NumericExercise(Exercise):
         except ValueError as exc:
             return Feedback(False, f"Not a usable answer: {exc}.")
         if self._close(value, self.answer):
-            return Feedback(True, f"Correct: {self.answer:.6g}.")
+            return Feedback(True, f"Correct: {_exact(value)}.")
         for target, message in self.mistakes:
             if self._close(value, target):
                 return Feedback(False, f"Not quite. {message}")
         side = "large" if value > self.answer else "small"
-        return Feedback(False, f"Not correct: {value:.6g} is too {side}. "
-                               "Try the hint.")
+        return Feedback(False, f"Not correct: {_exact(value)} is too "
+                               f"{side}. Try the hint.")
 
     def _make_input(self) -> Any:
         import ipywidgets as widgets
@@ -252,21 +285,29 @@ placeholder="your answer, e.g. 0.25 or 1/4">
 (function () {{
   var root = document.getElementById("{dom}"), d = {data};
   if (!root) return;
+  // the grammar of course_lib.exercises.parse_number
+  var NUM = /[-+]?(?:\\d+\\.?\\d*|\\.\\d+)(?:[eE][-+]?\\d+)?/.source;
+  var WHOLE = new RegExp("^" + NUM + "$");
+  var FRACTION = new RegExp("^(" + NUM + ")" + /\\s*\\/\\s*/.source +
+                            "(" + NUM + ")$");
   function parse(t) {{
-    t = t.trim().replace(/,/g, "");
-    var m = t.match(/^([-+]?[\\d.eE+-]+)\\s*\\/\\s*([-+]?[\\d.eE+-]+)$/);
-    var v = m ? Number(m[1]) / Number(m[2]) : (t === "" ? NaN : Number(t));
+    t = t.trim();
+    if (/^[-+]?[1-9]\\d{{0,2}}(?:,\\d{{3}})+(?:\\.\\d*)?$/.test(t)) t = t.replace(/,/g, "");
+    else if (/^[-+]?\\d+,\\d+$/.test(t)) t = t.replace(",", ".");
+    var f = t.match(FRACTION);
+    var v = f ? Number(f[1]) / Number(f[2]) : (WHOLE.test(t) ? Number(t) : NaN);
     return isFinite(v) ? v : null;
   }}
+  function exact(v) {{ return Number.isInteger(v) && Math.abs(v) < 1e16 ? v.toFixed(0) : String(v); }}
   function close(v, t) {{ return Math.abs(v - t) <= d.atol + d.rtol * Math.abs(t); }}
   root.querySelector(".ti-check").addEventListener("click", function () {{
     var out = root.querySelector(".ti-feedback");
     var v = parse(root.querySelector(".ti-answer").value), msg;
     if (v === null) msg = "\\u2717 Not a usable answer: type a number (e.g. 0.25, 2.5e-3 or 1/4).";
-    else if (close(v, d.answer)) msg = "\\u2713 Correct: " + Number(d.answer.toPrecision(6)) + ".";
+    else if (close(v, d.answer)) msg = "\\u2713 Correct: " + exact(v) + ".";
     else {{
       var hit = d.mistakes.filter(function (m) {{ return close(v, m[0]); }})[0];
-      msg = hit ? "\\u2717 Not quite. " + hit[1] : "\\u2717 Not correct: " + v +
+      msg = hit ? "\\u2717 Not quite. " + hit[1] : "\\u2717 Not correct: " + exact(v) +
         " is too " + (v > d.answer ? "large" : "small") + ". Try the hint.";
     }}
     out.textContent = msg;

@@ -81,7 +81,7 @@ def test_numeric_says_too_large_or_too_small():
 
 
 @pytest.mark.parametrize("bad,needle", [
-    ("", "empty"), ("abc", "not a number"), ("nan", "not a finite"),
+    ("", "empty"), ("abc", "not a number"), ("nan", "not a number"),
     (float("nan"), "not a finite"), (float("inf"), "not a finite"),
     ([1, 2], "got a list"), (True, "not True/False"), (None, "NoneType"),
     (torch.ones(3), "got a Tensor"), ("1/0", "not a number")])
@@ -330,3 +330,61 @@ def test_compare_values_ignores_matching_infinities():
     assert compare_values(expected, got) == \
         "values differ: at index (2,) expected 0.5, got -inf"
     assert compare_values(expected, expected.clone()) is None
+
+
+# ------------------------------------- one number grammar, Python and the page
+GRAMMAR_CASES = [
+    "0.25", "-2.5e-3", "1/4", " 3 / 4 ", "2362368", "2,362,368", "1,234.5",
+    "0,6652", "1,5", "-0,5", "1,500", "0,500", ".5", "5.", "1e3", "1E-2",
+    "+7", "", "abc", "1_000", "0x10", "0b101", "0o7", "١٢", "１２", "1,2,3",
+    "12,34,567", "1/0", "inf", "nan", "1e999", "--1", "1 000", "2/3/4"]
+
+
+def _python_parse(text):
+    try:
+        return parse_number(text)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("text, value", [
+    ("0,6652", 0.6652), ("1,5", 1.5), ("-0,5", -0.5), ("2,362,368", 2362368),
+    ("1,234.5", 1234.5), ("1,500", 1500.0), ("0,500", 0.5),
+    ("1_000", None), ("١٢", None), ("１２", None), ("1,2,3", None)])
+def test_decimal_commas_and_thousands_are_read_as_meant(text, value):
+    # Probe finding 12: every comma was deleted, so 0,6652 became 6652.
+    assert _python_parse(text) == value
+
+
+def test_the_page_checker_reads_numbers_exactly_as_python():
+    import json
+    import shutil
+    import subprocess
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the page's JavaScript parser "
+                    "cannot be run outside a browser")
+    html_ = numeric()._static_body()
+    start = html_.index("  // the grammar")
+    stop = html_.index("  function close")
+    script = (html_[start:stop] + "\nconsole.log(JSON.stringify("
+              + json.dumps(GRAMMAR_CASES) + ".map(parse)));\n"
+              + "console.log(JSON.stringify([2362368, 0.6652, 1e-5, 2.5]"
+              + ".map(exact)));")
+    out = subprocess.run([node, "-e", script], capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    js = json.loads(out[0])
+    assert js == [_python_parse(t) for t in GRAMMAR_CASES]
+    assert json.loads(out[1])[:2] == ["2362368", "0.6652"]
+
+
+def test_correct_shows_the_learners_exact_number():
+    ex = NumericExercise(key="t-exact", prompt="p", answer=2362368,
+                         hint="h", solution="s")
+    assert ex.check("2,362,368").message == "Correct: 2362368."
+    assert "2362370" not in ex.check("2362368").message
+
+
+def test_a_huge_answer_is_not_echoed_back():
+    fb = numeric().check("x" * 10_000_000)
+    assert not fb.correct and len(fb.message) < 200

@@ -102,7 +102,9 @@ def test_static_exercises_check_answers_in_the_browser(fixture_site, page):
     num = page.locator("#ti-ex-fx-num")
     feedback = num.locator(".ti-feedback")
     for answer, expected in [("1/2", "Correct"), ("2", "one over a half"),
-                             ("0.9", "too large"), ("abc", "type a number")]:
+                             ("0.9", "too large"), ("abc", "type a number"),
+                             ("0,5", "Correct: 0.5."),      # decimal comma
+                             ("0x10", "type a number")]:    # Python parity
         num.locator(".ti-answer").fill(answer)
         num.locator(".ti-check").click()
         assert expected in feedback.text_content(), (answer,
