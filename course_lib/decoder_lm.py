@@ -25,7 +25,8 @@ from .layers import (FeedForward, SwiGLU, ffn_param_count,
 from .masking import causal_mask
 from .mha import MultiHeadAttention, mha_param_count
 from .positional import RotaryEmbedding
-from .validation import check_token_ids
+from .validation import (check_dropout, check_int, check_real,
+                         check_token_ids)
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import KVCache
@@ -57,6 +58,15 @@ class DecoderLMConfig:
     norm_eps: float | None = None  # None: 1e-6 (rms) or 1e-5 (layer)
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers",
+                     "max_len", "multiple_of"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_dropout("dropout", self.dropout)
+        check_real("rope_base", self.rope_base, positive=True)
+        for name in ("bias", "tie_embeddings", "rope_interleaved"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got "
+                                 f"{getattr(self, name)!r}")
         for name, options in (("positions", ("learned", "rope")),
                               ("norm", ("rms", "layer")),
                               ("ffn", ("swiglu", "gelu", "relu"))):

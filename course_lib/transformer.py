@@ -29,7 +29,7 @@ from .layers import ffn_param_count
 from .masking import causal_mask, combine_masks, padding_mask
 from .mha import mha_param_count
 from .positional import sinusoidal_encoding
-from .validation import check_int, check_token_ids
+from .validation import check_dropout, check_int, check_token_ids
 
 __all__ = ["TransformerConfig", "Transformer", "greedy_decode",
            "transformer_param_count"]
@@ -48,6 +48,12 @@ class TransformerConfig:
     max_len: int = 512            # rows of the sinusoidal table
     tie_embeddings: bool = True   # output projection = target embedding
     share_src_tgt_embeddings: bool = True  # one table (needs equal vocabs)
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model",
+                     "n_heads", "d_ff", "n_layers", "max_len"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_dropout("dropout", self.dropout)
 
 
 class Transformer(nn.Module):

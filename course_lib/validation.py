@@ -13,7 +13,8 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["check_int", "check_real", "check_top_k", "check_bool_mask",
+__all__ = ["check_int", "check_real", "check_top_k", "check_dropout",
+           "check_bool_mask",
            "check_ids", "check_token_ids", "config_field"]
 
 
@@ -44,6 +45,14 @@ def check_real(name: str, value, *, positive: bool = False,
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
+
+
+def check_dropout(name: str, value) -> None:
+    """A dropout probability: a real number in ``[0, 1)``."""
+    check_real(name, value, minimum=0)
+    if value >= 1:
+        raise ValueError(f"{name} must be < 1 (1 drops everything), got "
+                         f"{value}")
 
 
 def check_top_k(top_k, n_experts: int) -> None:

@@ -281,3 +281,18 @@ def test_one_length_for_a_batch_is_an_error_not_a_broadcast():
     with pytest.raises(ValueError, match="src_lengths must hold one length"):
         greedy_decode(tr, src, max_len=3, bos_id=1, eos_id=2, src_lengths=[4])
     tr(src, tgt, src_lengths=[2, 4], tgt_lengths=torch.tensor([3, 4]))
+
+
+@pytest.mark.parametrize("config, overrides, match", [
+    (DecoderLMConfig, dict(n_layers=-1), "n_layers must be >= 1, got -1"),
+    (DecoderLMConfig, dict(dropout=1.5), "dropout must be < 1"),
+    (DecoderLMConfig, dict(d_model=True), "d_model must be an int"),
+    (DecoderLMConfig, dict(rope_base=0.0), "rope_base must be > 0"),
+    (TransformerConfig, dict(n_layers=-1), "n_layers must be >= 1, got -1"),
+    (TransformerConfig, dict(dropout=-0.1), "dropout must be >= 0"),
+])
+def test_configs_reject_nonsense(config, overrides, match):
+    # Probe: n_layers=-1 built a model with no layers; dropout=1.5 passed.
+    base = dict(vocab_size=10) if config is DecoderLMConfig else {}
+    with pytest.raises(ValueError, match=match):
+        config(**base, **overrides)
