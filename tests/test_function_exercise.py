@@ -95,12 +95,12 @@ def test_a_real_kernel_survives_exit_and_loops():
                 output_hook=lambda m: out.append(m["content"].get("text", "")))
             return reply["content"]["status"], "".join(out)
 
-        status, _ = run(f"""
+        status, _ = run("""
             from course_lib.function_exercise import FunctionExercise
             ex = FunctionExercise(
                 key="k-square", prompt="p", func_name="square",
                 starter_code="", reference=lambda x: x * x,
-                cases=[((3,), {{}})], hint="h", solution="s",
+                cases=[((3,), {})], hint="h", solution="s",
                 time_limit=1.0)
             ex.widget()
             state = 41
