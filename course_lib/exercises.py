@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .validation import check_real
 from .widgets import check_key, markdown_to_html, widget_bundle
 
 __all__ = ["Feedback", "Exercise", "NumericExercise", "ChoiceExercise",
@@ -194,9 +195,16 @@ def parse_number(answer: Any) -> float:
     if isinstance(answer, bool):
         raise ValueError("a number is expected, not True/False")
     if hasattr(answer, "item") and getattr(answer, "ndim", 0) == 0:
-        answer = answer.item()
+        try:
+            answer = answer.item()
+        except (RuntimeError, ValueError):         # e.g. a meta tensor
+            raise ValueError("this tensor holds no value to read") from None
     if isinstance(answer, numbers.Real):
-        value = float(answer)
+        try:
+            value = float(answer)
+        except OverflowError:                      # e.g. 10**400
+            raise ValueError("the number is too large to be an answer") \
+                from None
     elif isinstance(answer, str):
         text = _normalise_commas(answer.strip())
         if not text:
@@ -245,6 +253,8 @@ class NumericExercise(Exercise):
         if rtol < 0 or atol < 0 or (rtol == 0 and atol == 0):
             raise ValueError(f"tolerances must be >= 0 and not both 0, got "
                              f"rtol={rtol}, atol={atol}")
+        check_real("rtol", rtol, minimum=0)
+        check_real("atol", atol, minimum=0)
         self.rtol, self.atol = float(rtol), float(atol)
         self.mistakes = [(parse_number(v), str(msg)) for v, msg in mistakes]
 

@@ -388,3 +388,15 @@ def test_correct_shows_the_learners_exact_number():
 def test_a_huge_answer_is_not_echoed_back():
     fb = numeric().check("x" * 10_000_000)
     assert not fb.correct and len(fb.message) < 200
+
+
+def test_odd_numbers_given_directly_are_feedback_not_errors():
+    # Probe: check() raised OverflowError for 10**400 and RuntimeError for
+    # a meta tensor; NumericExercise(rtol=nan) marked every answer wrong.
+    ex = numeric()
+    assert "too large" in ex.check(10 ** 400).message
+    assert "holds no value" in ex.check(torch.empty((), device="meta")).message
+    for bad in (dict(rtol=float("nan")), dict(atol=-1.0)):
+        with pytest.raises(ValueError, match="tol"):
+            NumericExercise(key="t-x", prompt="p", answer=1.0, hint="h",
+                            solution="s", **bad)
