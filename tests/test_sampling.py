@@ -133,6 +133,28 @@ def test_top_p_matches_reference(ties):
     assert checked > 600 and skipped < checked // 50
 
 
+def test_top_p_boundary_is_strict():
+    # Exact dyadic probabilities: with a = log(1/2) in float64, the logits
+    # (0, a, 2a, 2a) give softmax (1/2, 1/4, 1/8, 1/8) exactly (checked
+    # below) and every partial sum is exact, so the mass before a token
+    # can equal p exactly. The docstring's rule keeps a token iff the
+    # mass of the likelier tokens is < p (strict), so a token whose
+    # preceding mass is exactly p is dropped.
+    a = math.log(0.5)
+    z = torch.tensor([0.0, a, 2 * a, 2 * a], dtype=torch.float64)
+    assert torch.equal(F.softmax(z, -1), torch.tensor(
+        [0.5, 0.25, 0.125, 0.125], dtype=torch.float64))  # exact premise
+    order = [2, 0, 3, 1]                                 # unsorted input
+    z = z[order]
+    # mass before token 1 is 1/2, before token 2 (and its tie) 3/4
+    assert kept(S.top_p_filter(z, 0.5)) == [[False, True, False, False]]
+    assert kept(S.top_p_filter(z, 0.75)) == [[False, True, False, True]]
+    # just above those sums the next token crosses into the nucleus
+    assert kept(S.top_p_filter(z, 0.5 + 2 ** -40)) == \
+        [[False, True, False, True]]
+    assert kept(S.top_p_filter(z, 0.75 + 2 ** -40)) == [[True] * 4]
+
+
 def test_top_p_mass_rule_and_crossing_token_kept():
     z = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     # 0.5 < 0.6, 0.5 + 0.3 >= 0.6: the token that crosses p is kept
