@@ -271,7 +271,6 @@ def test_greedy_decode_stops_at_eos():
     tr = tiny_transformer().eval()
     with torch.no_grad():                        # make EOS always win
         tr.out_proj.weight.zero_()
-    tr.config.tie_embeddings = True
     src = torch.randint(30, (2, 4))
     # all logits equal: argmax is id 0; use eos_id=0 to stop at once
     out = greedy_decode(tr, src, max_len=8, bos_id=1, eos_id=0)
