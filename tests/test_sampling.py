@@ -133,6 +133,19 @@ def test_top_p_matches_reference(ties):
     assert checked > 600 and skipped < checked // 50
 
 
+def test_top_p_any_leading_shape_equals_row_by_row():
+    # (..., V): a 3-D batch is filtered row by row along the last axis
+    # (softmax over any other axis, e.g. torch's implicit dim=0 for 3-D
+    # input, would mix rows)
+    z3 = torch.randn(2, 3, 9)
+    for p in (0.3, 0.8):
+        out = S.top_p_filter(z3, p)
+        rows = torch.stack([S.top_p_filter(row, p)
+                            for row in z3.reshape(-1, 9)]).reshape(2, 3, 9)
+        assert torch.equal(out, rows)
+        assert (out > INF).sum() < z3.numel()             # it filters
+
+
 def test_top_p_boundary_is_strict():
     # Exact dyadic probabilities: with a = log(1/2) in float64, the logits
     # (0, a, 2a, 2a) give softmax (1/2, 1/4, 1/8, 1/8) exactly (checked
