@@ -385,6 +385,8 @@ def test_sequence_log_prob_matches_bigram_sum():
     (lambda z: S.top_p_filter(z, 0.0), r"top_p must be .*\(0, 1\].* 0.0"),
     (lambda z: S.top_p_filter(z, 1.5), r"top_p must be .* got 1.5"),
     (lambda z: S.sample_next(z, top_p=-0.1), r"top_p must be .* -0.1"),
+    (lambda z: S.top_p_filter(z, True), r"top_p must be .* got True"),
+    (lambda z: S.top_p_filter(z, "0.5"), r"top_p must be .* got '0.5'"),
     (lambda z: S.top_k_filter(z.long(), 2), "logits must be a floating"),
     (lambda z: S.top_p_filter(z.tolist(), 0.5), "logits must be a torch"),
 ])
