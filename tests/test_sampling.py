@@ -374,6 +374,19 @@ def test_sequence_log_prob_matches_bigram_sum():
         S.sequence_log_prob(Bigram(table), ids, prompt_len=6)
 
 
+def test_default_temperature_is_one():
+    # no argument = the model's own distribution, softmax(z), unscaled
+    z = torch.randn(4, 7)
+    torch.testing.assert_close(S.sampling_distribution(z), F.softmax(z, -1),
+                               atol=1e-7, rtol=0)
+    a = S.sample_next(z, generator=torch.Generator().manual_seed(5))
+    b = S.sample_next(z, temperature=1.0,
+                      generator=torch.Generator().manual_seed(5))
+    c = S.sample_next(z * 0.5, temperature=0.5,
+                      generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
 # --------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call, match", [
     (lambda z: S.apply_temperature(z, -0.5), "temperature must be .* -0.5"),
