@@ -9,7 +9,7 @@ BUILD_FLAGS := -W --keep-going
 export PYTHONHASHSEED := 0
 
 .PHONY: help venv vendor book test test-unit test-notebooks test-build \
-        test-browser test-colab notebooks sync bench clean
+        test-browser test-colab notebooks sync bench mutation clean
 
 help:
 	@echo "make book        build the HTML book into _build/html"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-colab  run each chapter in a simulated fresh Colab"
 	@echo "make notebooks   re-execute notebooks in place (NB=path to pick one)"
 	@echo "make bench       time chapters and the build -> benchmarks/results.md"
+	@echo "make mutation    mutation testing (MODULES=attention to pick modules)"
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -74,5 +75,19 @@ sync: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
+# Mutation testing with mutmut (config: [tool.mutmut] in pyproject.toml;
+# results: benchmarks/mutation.md). The core modules live in ONE place,
+# MUTATION_MODULES: update it when modules move. A full run takes hours on
+# 2 cores, so pick modules: `make mutation MODULES="attention masking"`.
+MUTATION_MODULES := attention masking mha mla routing moe sampling \
+                    kv_cache decoding training
+MODULES ?= $(MUTATION_MODULES)
+MUTATION_JOBS ?= 2
+
+mutation: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children $(MUTATION_JOBS) \
+	  $(foreach m,$(MODULES),"course_lib.$(m).*")
+	$(BIN)/python scripts/mutation_report.py $(MODULES)
+
 clean:
-	rm -rf _build
+	rm -rf _build mutants

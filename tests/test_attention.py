@@ -267,14 +267,34 @@ def test_attention_weights_bytes_closed_form_and_measured():
         10, batch=2, n_heads=3)
 
 
-def test_time_attention_rows():
-    rows = A.time_attention([16, 32], d_k=8, n_heads=2, repeats=1)
+def test_time_attention_rows(fake_clock, monkeypatch):
+    # Fake clock: each explicit call "costs" 3 s and each fused call 0.5 s
+    # (any two different numbers do), so each column must hold the time
+    # of its own path, whatever the machine's load.
+    cost = {False: 3.0, True: 0.5}
+    real = A.scaled_dot_product_attention
+    calls = []
+
+    def spy(*args, fused=False, return_weights=False, **kw):
+        calls.append((args[0].shape[-2], fused, return_weights))
+        fake_clock.advance(cost[fused])
+        return real(*args, fused=fused, return_weights=return_weights, **kw)
+
+    monkeypatch.setattr(A, "scaled_dot_product_attention", spy)
+    rows = A.time_attention([16, 32], d_k=8, n_heads=2, repeats=2)
     assert [r.length for r in rows] == [16, 32]
     for r in rows:
-        assert r.explicit_seconds > 0 and r.fused_seconds > 0
-        assert r.ratio == r.explicit_seconds / r.fused_seconds
-        assert r.weights_bytes == A.attention_weights_bytes(r.length,
-                                                            n_heads=2)
+        assert (r.explicit_seconds, r.fused_seconds) == (3.0, 0.5)
+        assert r.ratio == 6.0
+        assert r.weights_bytes == 4 * 2 * r.length ** 2 == \
+            A.attention_weights_bytes(r.length, n_heads=2)
+    # per length: one call for the weights' size, then for each path a
+    # warm-up and `repeats` timed calls
+    for L in (16, 32):
+        assert calls.count((L, False, True)) == 1
+        assert calls.count((L, False, False)) == 3       # explicit
+        assert calls.count((L, True, False)) == 3        # fused
+    assert len(calls) == 14
 
 
 # ------------------------------------------------------------ bad inputs

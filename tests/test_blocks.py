@@ -116,6 +116,40 @@ def test_decoder_block_is_pre_norm(norm):
     assert isinstance(block.norm1, RMSNorm if norm == "rms" else nn.LayerNorm)
 
 
+class Zeros(nn.Module):
+    """A sub-layer whose output is exactly zero (any signature)."""
+
+    def forward(self, h, *args, **kw):
+        return torch.zeros_like(h)
+
+
+def test_decoder_block_dropout_never_touches_the_residual_stream():
+    # x + Drop(0) = x exactly, in training mode too. Dropout on the
+    # residual stream (x = Drop(x + a)) would zero about half of x here
+    # and double the rest.
+    block = DecoderBlock(16, attention=Zeros(), ffn=Zeros(), dropout=0.5)
+    assert block.training
+    x = torch.randn(4, 8, 16)
+    assert torch.equal(block(x)[0], x)
+
+
+def test_decoder_block_dropout_matches_hand_built_block():
+    # Same seed, same order of dropout draws: the block must equal
+    # x + Drop(Attn(N1 x)), then + Drop(FFN(N2 x)), written out here.
+    attn, ffn = MultiHeadAttention(16, 4), SwiGLU(16, 40)
+    block = DecoderBlock(16, attention=attn, ffn=ffn, dropout=0.3)
+    x, mask = torch.randn(2, 5, 16), causal_mask(5)
+    torch.manual_seed(7)
+    got, _ = block(x, mask=mask)
+    torch.manual_seed(7)
+    drop = nn.functional.dropout
+    h = x + drop(attn(block.norm1(x), mask=mask), 0.3, training=True)
+    want = h + drop(ffn(block.norm2(h)), 0.3, training=True)
+    assert torch.equal(got, want)
+    # and dropout does act in training mode
+    assert not torch.allclose(block.eval()(x, mask=mask)[0], got, atol=1e-3)
+
+
 def test_decoder_block_passes_aux_through():
     class AuxFFN(nn.Module):
         def __init__(self):

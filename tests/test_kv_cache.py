@@ -1,4 +1,6 @@
 """Tests for course_lib.kv_cache and the cache plumbing in mha/blocks/decoder_lm."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -98,7 +100,6 @@ def test_layer_cache_update_checks():
 
 # ===================================================== generation (decoding)
 import math  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 from course_lib import decoding, sampling  # noqa: E402
 from course_lib.decoding import generate, prefill  # noqa: E402
@@ -250,6 +251,44 @@ def test_generate_bad_input():
         generate(torch.nn.Identity(), prompt, 2)
     with pytest.raises(ValueError, match="cache must be a KVCache"):
         prefill(lm, prompt, None)
+
+
+class TokenClock(torch.nn.Module):
+    """A stand-in language model: logs how many tokens each call reads
+    and whether it got a cache, advances the fake clock by 1 s per token
+    read, and returns uniform logits (greedy decoding picks id 0)."""
+
+    def __init__(self, clock, vocab_size=11, max_len=64):
+        super().__init__()
+        self.config = SimpleNamespace(vocab_size=vocab_size, n_layers=1,
+                                      max_len=max_len)
+        self.clock, self.calls = clock, []
+
+    def forward(self, idx, cache=None):
+        B, T = idx.shape
+        self.calls.append((T, cache is not None))
+        self.clock.advance(float(T))
+        return torch.zeros(B, T, self.config.vocab_size)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_decode_throughput_runs_the_path_it_is_asked_for(fake_clock,
+                                                          use_cache):
+    rec = TokenClock(fake_clock)
+    rate = decoding.decode_throughput(rec, prompt_len=5, new_tokens=6,
+                                      use_cache=use_cache, repeats=2,
+                                      batch_size=3)
+
+    def run(n):                          # the calls one generation makes
+        if use_cache:   # prefill reads the prompt once, then 1 token/step
+            return [(5, True)] + [(1, True)] * (n - 1)
+        # every step re-reads the whole growing sequence, without a cache
+        return [(5 + i, False) for i in range(n)]
+
+    assert rec.calls == run(4) + run(6) + run(6)   # warm-up, 2 timed runs
+    seconds = sum(T for T, _ in run(6))            # fake clock: 1 s/token
+    assert seconds == (10 if use_cache else 45)
+    assert rate == 3 * 6 / seconds                 # B n_new / best time
 
 
 def test_decode_throughput_runs():

@@ -129,6 +129,37 @@ def test_rmsnorm_half_precision_and_unit_rms():
     assert torch.allclose(rms, torch.ones(3), atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype, ulp", [(torch.bfloat16, 2.0 ** -8),
+                                        (torch.float16, 2.0 ** -11)])
+def test_rmsnorm_half_precision_statistic_is_computed_in_float32(dtype, ulp):
+    # Reference by hand in float32, rounded to the half type at the same
+    # two points as the module (normalised x, then times gamma). With the
+    # float32 statistic the results agree to at most one half-precision
+    # ulp (a float32 rounding tie can flip the last bit; in practice they
+    # are equal); a statistic computed in the half type is 3-4 ulps off.
+    torch.manual_seed(123)
+    norm = RMSNorm(512)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    norm = norm.to(dtype)
+    x = (3 * torch.randn(16, 512) + 1).to(dtype)
+    xf = x.float()
+    unit = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = (unit.to(dtype).float() * norm.weight.float()).to(dtype).float()
+    out = norm(x)
+    assert out.dtype == dtype
+    assert ((out.float() - want).abs() <= ulp * want.abs()).all()
+
+
+def test_rmsnorm_float16_input_whose_square_overflows():
+    # |x| = 300: x^2 = 9e4 > 65504, the float16 maximum. In float16 the
+    # mean square is inf and the output 0; in float32 it is fine.
+    x = torch.tensor([[300.0, -300.0, 300.0, -300.0]], dtype=torch.float16)
+    out = RMSNorm(4).to(torch.float16)(x)
+    assert torch.equal(out, torch.tensor([[1.0, -1.0, 1.0, -1.0]],
+                                         dtype=torch.float16))
+
+
 def test_make_norm():
     assert isinstance(make_norm("rms", 8), RMSNorm)
     ln = make_norm("layer", 8, bias=False)

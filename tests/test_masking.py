@@ -161,11 +161,28 @@ def test_left_padding_with_causal_mask_gives_fully_masked_rows():
     assert torch.equal(out[1, :2], torch.zeros(2, 6))
 
 
-def test_nan_from_dead_row_spreads_to_real_rows_in_next_layer():
-    # 0 * NaN = NaN: a zero weight does not stop a NaN value.
-    w = torch.tensor([[1.0, 0.0]])
-    v = torch.tensor([[1.0], [float("nan")]])
-    assert torch.isnan(w @ v).all()
+def test_dead_rows_do_not_poison_the_next_layer():
+    # Left padding + causal mask leaves sequence 1's first two queries
+    # with no allowed key. A second attention layer then reads those
+    # positions' outputs as values; its padding mask gives them weight
+    # exactly 0, but 0 * NaN = NaN, so a NaN from a naive masked softmax
+    # would still reach the real rows. course_lib returns zeros for dead
+    # rows, so the real rows of layer 2 stay finite and equal attention
+    # over the real positions alone.
+    keep = M.padding_mask([4, 2], 4).flip(-1)          # (2, 1, 4) left pad
+    mask = M.combine_masks(M.causal_mask(4), keep)     # (2, 4, 4)
+    q, k, v = torch.randn(3, 2, 4, 6).unbind(0)
+    h = A.scaled_dot_product_attention(q, k, v, mask)  # layer 1
+    naive = (q @ k.transpose(-2, -1) / math.sqrt(6)).masked_fill(
+        ~mask, float("-inf")).softmax(-1) @ v
+    assert torch.isnan(naive[1, :2]).all()             # what it avoids
+    q2 = torch.randn(2, 4, 6)
+    out = A.scaled_dot_product_attention(q2, h, h, keep)     # layer 2
+    assert torch.isfinite(out).all()
+    naive_out = A.scaled_dot_product_attention(q2, naive, naive, keep)
+    assert torch.isnan(naive_out[1]).all()             # NaN reached rows
+    alone = A.scaled_dot_product_attention(q2[1:], h[1:, 2:], h[1:, 2:])
+    assert torch.allclose(out[1], alone[0], atol=1e-6)
 
 
 # ----------------------------------------------------------- additive_mask

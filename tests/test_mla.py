@@ -2,6 +2,7 @@
 
 The comparison with Hugging Face's DeepseekV3Attention is in
 test_mla_reference.py (it imports transformers, which is slow)."""
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -175,6 +176,92 @@ def test_rope_layout_matters():
     pos = torch.arange(6)
     assert not torch.allclose(m(x, positions=pos), m2(x, positions=pos),
                               atol=1e-4)
+
+
+# ------------------------------------------ by hand, from the weights
+# An independent reference for the forward pass: the paper's equations
+# written out with plain matmuls for one head at a time, in float64, with
+# RMSNorm and RoPE (complex numbers) written here, not taken from
+# course_lib. It pins what the self-consistency tests above cannot: the
+# softmax scale 1/sqrt(d_n + d_r) and the query-latent norm.
+def _rms_by_hand(x, w, eps):
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope_by_hand(x, positions, base):
+    """Pairs (2i, 2i+1) as complex numbers times e^{i m theta_i}."""
+    d = x.shape[-1]
+    theta = torch.tensor([base ** (-2 * i / d) for i in range(d // 2)],
+                         dtype=torch.float64)
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2)
+                              .contiguous())
+    rot = torch.polar(torch.ones_like(theta),
+                      positions.double()[:, None] * theta)   # (T, d/2)
+    return torch.view_as_real(z * rot).flatten(-2)
+
+
+def _mla_by_hand(m, x, positions):
+    """Per-head outputs o_i (T, d_v) for one sequence x (T, D), causal."""
+    c = m.config
+    H, dn, dr, dc = (c.num_attention_heads, c.qk_nope_head_dim,
+                     c.qk_rope_head_dim, c.kv_lora_rank)
+    eps, base = c.rms_norm_eps, c.rope_theta
+    T = x.shape[0]
+    if c.q_lora_rank is None:
+        q_all = x @ m.q_proj.weight.T                     # (T, H*dqk)
+    else:
+        c_q = x @ m.q_a_proj.weight.T                     # W^DQ x
+        if m.q_a_proj.bias is not None:
+            c_q = c_q + m.q_a_proj.bias
+        c_q = _rms_by_hand(c_q, m.q_a_layernorm.weight, eps)
+        q_all = c_q @ m.q_b_proj.weight.T                 # (T, H*dqk)
+    kv_a = x @ m.kv_a_proj_with_mqa.weight.T              # (T, dc+dr)
+    if m.kv_a_proj_with_mqa.bias is not None:
+        kv_a = kv_a + m.kv_a_proj_with_mqa.bias
+    c_kv = _rms_by_hand(kv_a[:, :dc], m.kv_a_layernorm.weight, eps)
+    k_r = _rope_by_hand(kv_a[:, dc:], positions, base)    # (T, dr) shared
+    w_b = m.kv_b_proj.weight.view(H, dn + c.v_head_dim, dc)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    heads, weights = [], []
+    for i in range(H):
+        q_i = q_all.view(T, H, dn + dr)[:, i]             # (T, dn+dr)
+        q_c, q_r = q_i[:, :dn], _rope_by_hand(q_i[:, dn:], positions, base)
+        k_c = c_kv @ w_b[i, :dn].T                        # W^UK_i c^KV
+        v_c = c_kv @ w_b[i, dn:].T                        # W^UV_i c^KV
+        scores = (q_c @ k_c.T + q_r @ k_r.T) / math.sqrt(dn + dr)
+        a = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        heads.append(a @ v_c)                             # (T, dv)
+        weights.append(a)
+    return heads, weights
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+@pytest.mark.parametrize("q_lora_rank, bias", [(24, False), (24, True),
+                                               (None, False)])
+def test_forward_equals_the_equations_by_hand(absorb, q_lora_rank, bias):
+    m = make(tiny(q_lora_rank=q_lora_rank, attention_bias=bias)).double()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
+    torch.manual_seed(123)
+    x = torch.randn(2, 7, 48, dtype=torch.float64) * 3    # rms far from 1
+    pos = torch.arange(7) + 5
+    seen = []                                             # input of W^O
+    hook = m.o_proj.register_forward_pre_hook(
+        lambda mod, args: seen.append(args[0]))
+    with torch.no_grad():
+        out = m(x, causal_mask(7), positions=pos, absorb=absorb)
+    hook.remove()
+    concat = seen[0].view(2, 7, 4, 10)                    # (B, T, H, dv)
+    for b in range(2):
+        heads, _ = _mla_by_hand(m, x[b], pos)
+        for i, o_i in enumerate(heads):                   # every head
+            assert torch.allclose(concat[b, :, i], o_i, atol=1e-12)
+        want = torch.cat(heads, -1) @ m.o_proj.weight.T   # u = W^O [o_i]
+        if bias:
+            want = want + m.o_proj.bias
+        assert torch.allclose(out[b], want, atol=1e-12)
 
 
 # ---------------------------------------------- why RoPE blocks absorption

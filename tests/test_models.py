@@ -221,11 +221,57 @@ def test_greedy_decode_matches_argmax_loop():
             assert torch.equal(ys[0], out[b])
 
 
+# ------------------------------------------------- padded target batches
+def _padded_batch():
+    """Two right-padded source and target sequences (pad id 0)."""
+    src = torch.randint(3, 30, (2, 6))
+    tgt = torch.randint(3, 30, (2, 7))
+    src_lengths, tgt_lengths = [6, 4], [7, 3]
+    src[1, 4:] = 0
+    tgt[1, 3:] = 0
+    return src, tgt, src_lengths, tgt_lengths
+
+
+def test_tgt_lengths_mask_padded_target_keys():
+    # What tgt_lengths means: no target position attends to a padding
+    # target key. The mask written out here: causal AND key j < length.
+    tr = tiny_transformer().eval()
+    src, tgt, src_lengths, tgt_lengths = _padded_batch()
+    T = tgt.shape[1]
+    mask = torch.zeros(2, T, T, dtype=torch.bool)
+    for b, n in enumerate(tgt_lengths):
+        for i in range(T):
+            mask[b, i, :min(i + 1, n)] = True
+    src_mask = torch.tensor([[[j < n for j in range(6)]]
+                             for n in src_lengths])      # (B, 1, S)
+    with torch.no_grad():
+        got = tr(src, tgt, src_lengths=src_lengths, tgt_lengths=tgt_lengths)
+        want = tr.decode(tgt, tr.encode(src, src_mask), src_mask, mask)
+        # a padding query sees only the real tokens, so the other padding
+        # tokens' ids cannot change its output
+        tgt2 = tgt.clone()
+        tgt2[1, 3:6] = torch.tensor([5, 6, 7])
+        got2 = tr(src, tgt2, src_lengths=src_lengths,
+                  tgt_lengths=tgt_lengths)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert torch.allclose(got2[1, 6], got[1, 6], atol=1e-6)
+
+
+def test_padded_batch_equals_each_sequence_alone():
+    tr = tiny_transformer().eval()
+    src, tgt, src_lengths, tgt_lengths = _padded_batch()
+    with torch.no_grad():
+        out = tr(src, tgt, src_lengths=src_lengths, tgt_lengths=tgt_lengths)
+        for b in range(2):
+            s, t = src_lengths[b], tgt_lengths[b]
+            alone = tr(src[b:b + 1, :s], tgt[b:b + 1, :t])   # no padding
+            assert torch.allclose(out[b, :t], alone[0], atol=1e-5)
+
+
 def test_greedy_decode_stops_at_eos():
     tr = tiny_transformer().eval()
     with torch.no_grad():                        # make EOS always win
         tr.out_proj.weight.zero_()
-    tr.config.tie_embeddings = True
     src = torch.randint(30, (2, 4))
     # all logits equal: argmax is id 0; use eos_id=0 to stop at once
     out = greedy_decode(tr, src, max_len=8, bos_id=1, eos_id=0)

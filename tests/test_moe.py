@@ -129,6 +129,41 @@ def test_info_contents():
     assert info.dropped == 0 and info.capacity is None
 
 
+def test_v3_aux_loss_is_the_report_formula_by_hand():
+    # DeepSeek-V3 report eqs. 17-20 for one sequence of T tokens:
+    # s'_{i,t} = s_{i,t} / sum_j s_{j,t} (normalised sigmoid affinities),
+    # P_i = mean_t s'_{i,t}, f_i = E / (k T) * #{t : i chosen at t},
+    # L = sum_i f_i P_i. Raw sigmoid scores in place of s' would be about
+    # E/2 times larger.
+    torch.manual_seed(123)
+    E, k, T = 8, 2, 9
+    gate = DeepSeekV3Router(16, E, k)
+    with torch.no_grad():
+        gate.weight.normal_(0.0, 0.5)                    # varied affinities
+    m = MoE(16, n_experts=E, top_k=k, d_expert=12, gate=gate)
+    x = torch.randn(1, T, 16)
+    _, info = m(x)
+    u = x[0].double()
+    w = gate.weight.detach().double().requires_grad_()
+    s = torch.sigmoid(u @ w.T)                           # (T, E) eq. 15
+    chosen = s.topk(k, dim=-1).indices                   # bias b = 0
+    counts = torch.zeros(E, dtype=torch.float64)
+    for t in range(T):
+        for i in chosen[t].tolist():
+            counts[i] += 1
+    f = E / (k * T) * counts                             # eq. 18
+    P = (s / s.sum(-1, keepdim=True)).mean(0)            # eqs. 19, 20
+    want = (f * P).sum()                                 # eq. 17 (alpha=1)
+    assert torch.equal(info.indices.sort(-1).values,
+                       chosen.sort(-1).values)
+    assert info.aux_loss.item() == pytest.approx(want.item(), abs=1e-6)
+    # the gradient flows through P only, and matches the formula's
+    info.aux_loss.backward()
+    want.backward()
+    torch.testing.assert_close(gate.weight.grad.double(), w.grad,
+                               atol=1e-6, rtol=1e-5)
+
+
 def test_parameter_counts_and_names():
     m = MoE(16, n_experts=8, top_k=2, d_expert=12, n_shared_experts=2,
             gate=_v3_gate())

@@ -156,13 +156,30 @@ def test_gradient_norm_bad_input():
 
 
 # ------------------------------------------------------------------- timing
-def test_timing_returns_one_result_per_length():
+def test_timing_reports_each_path_under_its_own_name(fake_clock,
+                                                     monkeypatch):
+    # Fake clock: every tanh (one per recurrence step) costs 1 s and every
+    # softmax (one per attention call) 100 s. The recurrence over T steps
+    # must then take exactly T s and the attention exactly 100 s.
+    real_tanh, real_softmax = torch.tanh, torch.softmax
+
+    def tanh(*a, **kw):
+        fake_clock.advance(1.0)
+        return real_tanh(*a, **kw)
+
+    def softmax(*a, **kw):
+        fake_clock.advance(100.0)
+        return real_softmax(*a, **kw)
+
+    monkeypatch.setattr(torch, "tanh", tanh)
+    monkeypatch.setattr(torch, "softmax", softmax)
     res = time_recurrence_vs_attention([4, 16], d_model=8, batch=2, repeats=2)
+    monkeypatch.undo()
     assert [r.length for r in res] == [4, 16]
     for r in res:
         assert isinstance(r, TimingResult)
-        assert r.rnn_seconds > 0 and r.attention_seconds > 0
-        assert math.isclose(r.ratio, r.rnn_seconds / r.attention_seconds)
+        assert (r.rnn_seconds, r.attention_seconds) == (r.length, 100.0)
+        assert r.ratio == r.length / 100.0
 
 
 @pytest.mark.parametrize("kwargs, match", [

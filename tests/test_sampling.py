@@ -133,6 +133,41 @@ def test_top_p_matches_reference(ties):
     assert checked > 600 and skipped < checked // 50
 
 
+def test_top_p_any_leading_shape_equals_row_by_row():
+    # (..., V): a 3-D batch is filtered row by row along the last axis
+    # (softmax over any other axis, e.g. torch's implicit dim=0 for 3-D
+    # input, would mix rows)
+    z3 = torch.randn(2, 3, 9)
+    for p in (0.3, 0.8):
+        out = S.top_p_filter(z3, p)
+        rows = torch.stack([S.top_p_filter(row, p)
+                            for row in z3.reshape(-1, 9)]).reshape(2, 3, 9)
+        assert torch.equal(out, rows)
+        assert (out > INF).sum() < z3.numel()             # it filters
+
+
+def test_top_p_boundary_is_strict():
+    # Exact dyadic probabilities: with a = log(1/2) in float64, the logits
+    # (0, a, 2a, 2a) give softmax (1/2, 1/4, 1/8, 1/8) exactly (checked
+    # below) and every partial sum is exact, so the mass before a token
+    # can equal p exactly. The docstring's rule keeps a token iff the
+    # mass of the likelier tokens is < p (strict), so a token whose
+    # preceding mass is exactly p is dropped.
+    a = math.log(0.5)
+    z = torch.tensor([0.0, a, 2 * a, 2 * a], dtype=torch.float64)
+    assert torch.equal(F.softmax(z, -1), torch.tensor(
+        [0.5, 0.25, 0.125, 0.125], dtype=torch.float64))  # exact premise
+    order = [2, 0, 3, 1]                                 # unsorted input
+    z = z[order]
+    # mass before token 1 is 1/2, before token 2 (and its tie) 3/4
+    assert kept(S.top_p_filter(z, 0.5)) == [[False, True, False, False]]
+    assert kept(S.top_p_filter(z, 0.75)) == [[False, True, False, True]]
+    # just above those sums the next token crosses into the nucleus
+    assert kept(S.top_p_filter(z, 0.5 + 2 ** -40)) == \
+        [[False, True, False, True]]
+    assert kept(S.top_p_filter(z, 0.75 + 2 ** -40)) == [[True] * 4]
+
+
 def test_top_p_mass_rule_and_crossing_token_kept():
     z = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     # 0.5 < 0.6, 0.5 + 0.3 >= 0.6: the token that crosses p is kept
@@ -339,6 +374,19 @@ def test_sequence_log_prob_matches_bigram_sum():
         S.sequence_log_prob(Bigram(table), ids, prompt_len=6)
 
 
+def test_default_temperature_is_one():
+    # no argument = the model's own distribution, softmax(z), unscaled
+    z = torch.randn(4, 7)
+    torch.testing.assert_close(S.sampling_distribution(z), F.softmax(z, -1),
+                               atol=1e-7, rtol=0)
+    a = S.sample_next(z, generator=torch.Generator().manual_seed(5))
+    b = S.sample_next(z, temperature=1.0,
+                      generator=torch.Generator().manual_seed(5))
+    c = S.sample_next(z * 0.5, temperature=0.5,
+                      generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
 # --------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call, match", [
     (lambda z: S.apply_temperature(z, -0.5), "temperature must be .* -0.5"),
@@ -350,6 +398,8 @@ def test_sequence_log_prob_matches_bigram_sum():
     (lambda z: S.top_p_filter(z, 0.0), r"top_p must be > 0, got 0.0"),
     (lambda z: S.top_p_filter(z, 1.5), r"top_p must be .* got 1.5"),
     (lambda z: S.sample_next(z, top_p=-0.1), r"top_p must be .* -0.1"),
+    (lambda z: S.top_p_filter(z, True), r"top_p must be a real number, got bool True"),
+    (lambda z: S.top_p_filter(z, "0.5"), r"top_p must be a real number, got str '0.5'"),
     (lambda z: S.top_k_filter(z.long(), 2), "logits must be a floating"),
     (lambda z: S.top_p_filter(z.tolist(), 0.5), "logits must be a torch"),
 ])

@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import nbformat
@@ -10,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+import sync_setup_cells  # noqa: E402
 from sync_setup_cells import (badge_markdown, load_config,  # noqa: E402
                               repo_parts, setup_source, sync)
 
@@ -27,24 +29,29 @@ def test_there_are_chapters():
     assert NOTEBOOKS, "book/ has no chapter notebooks"
 
 
-def test_drift_is_detected_and_fixed(tmp_path):
+def test_drift_is_detected_and_fixed(tmp_path, monkeypatch):
+    # Work on a copy under tmp_path (never inside the repository, where an
+    # interrupted run would leave a stray notebook for `make
+    # test-notebooks` to pick up), at the same relative path book/<name>,
+    # with the badge computed relative to tmp_path.
     src = NOTEBOOKS[0]
-    rel = src.relative_to(ROOT)
-    copy = ROOT / rel.parent / f"_drift_test_{src.name}"
+    copy = tmp_path / src.relative_to(ROOT)
+    copy.parent.mkdir(parents=True)
     shutil.copy(src, copy)
-    try:
-        nb = nbformat.read(copy, as_version=4)
-        nb.cells[1].source = nb.cells[1].source.replace("@main", "@dev")
-        nb.cells[0].source = nb.cells[0].source.replace(
-            "colab.research.google.com", "example.org")
-        nbformat.write(nb, copy)
-        problems = sync(copy, CONFIG, check=True)
-        assert any("setup cell differs" in p for p in problems)
-        assert any("lacks the badge" in p for p in problems)
-        assert sync(copy, CONFIG, check=False)      # fixes it ...
-        assert sync(copy, CONFIG, check=True) == []  # ... for good
-    finally:
-        copy.unlink()
+    monkeypatch.setattr(sync_setup_cells, "badge_markdown",
+                        partial(badge_markdown, root=tmp_path))
+    assert sync(copy, CONFIG, check=True) == []          # a clean copy
+    nb = nbformat.read(copy, as_version=4)
+    nb.cells[1].source = nb.cells[1].source.replace("@main", "@dev")
+    nb.cells[0].source = nb.cells[0].source.replace(
+        "colab.research.google.com", "example.org")
+    nbformat.write(nb, copy)
+    problems = sync(copy, CONFIG, check=True)
+    assert any("setup cell differs" in p for p in problems)
+    assert any("lacks the badge" in p for p in problems)
+    assert sync(copy, CONFIG, check=False)      # fixes it ...
+    assert sync(copy, CONFIG, check=True) == []  # ... for good
+    assert not list((ROOT / "book").glob("_drift_test_*"))
 
 
 def test_setup_source_follows_config():

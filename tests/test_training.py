@@ -102,6 +102,46 @@ def test_one_step_matches_adamw_formula():
     assert torch.allclose(model.out.weight, expected, atol=1e-6)
 
 
+def test_make_optimizer_uses_the_papers_betas_and_eps():
+    # Vaswani et al. 2017, sec. 5.3: beta1 = 0.9, beta2 = 0.98, eps = 1e-9
+    opt = T.make_optimizer(Bigram(), lr=1e-3, weight_decay=0.1)
+    assert len(opt.param_groups) == 2
+    for group in opt.param_groups:
+        assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
+        assert group["lr"] == 1e-3
+
+
+def test_several_steps_match_adamw_written_by_hand():
+    """Five steps with changing gradients, against AdamW written out:
+    w <- w (1 - lr wd); m <- b1 m + (1 - b1) g; v <- b2 v + (1 - b2) g^2;
+    w <- w - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
+    From step 2 on the update depends on b1 and b2; the tiny gradients
+    of the second parameter (about 1e-9) make eps matter."""
+    lr, wd, b1, b2, eps = 0.01, 0.1, 0.9, 0.98, 1e-9
+    model = nn.Linear(3, 2).double()         # a matrix (decayed), a bias
+    opt = T.make_optimizer(model, lr=lr, weight_decay=wd)
+    g = torch.Generator().manual_seed(0)
+    grads = [(torch.randn(2, 3, generator=g, dtype=torch.float64),
+              torch.randn(2, generator=g, dtype=torch.float64) * 1e-9)
+             for _ in range(5)]
+    params = [model.weight, model.bias]
+    ref = [p.detach().clone() for p in params]
+    m = [torch.zeros_like(p) for p in ref]
+    v = [torch.zeros_like(p) for p in ref]
+    for t, step_grads in enumerate(grads, start=1):
+        for p, gr in zip(params, step_grads):
+            p.grad = gr.clone()
+        opt.step()
+        for j, (w, gr) in enumerate(zip(ref, step_grads)):
+            w.mul_(1 - lr * (wd if j == 0 else 0.0))   # decoupled decay
+            m[j] = b1 * m[j] + (1 - b1) * gr
+            v[j] = b2 * v[j] + (1 - b2) * gr * gr
+            m_hat, v_hat = m[j] / (1 - b1 ** t), v[j] / (1 - b2 ** t)
+            w.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+        for p, w in zip(params, ref):
+            torch.testing.assert_close(p.detach(), w, atol=1e-14, rtol=1e-12)
+
+
 # ------------------------------------------------------------------- loop
 def test_loss_decreases_to_near_the_entropy_floor():
     src = _source()
@@ -118,6 +158,19 @@ def test_loss_decreases_to_near_the_entropy_floor():
     assert hist.val_loss[-1] < Mk.entropy_rate(src) + 0.1
     assert hist.tokens == 150 * 16 * 32
     assert model.training                      # eval did not leave it off
+
+
+def test_history_counts_only_targets_that_are_not_ignored():
+    inputs, targets = next(Mk.lm_batches(_source(), batch_size=4, length=8))
+    targets = targets.clone()
+    targets[0, :3] = ST.IGNORE                 # 3 + 8 ignored targets
+    targets[2] = ST.IGNORE
+    counted = sum(1 for b in range(4) for t in range(8)
+                  if targets[b, t].item() != -100)
+    assert counted == 32 - 11
+    hist = T.train(Bigram(), iter([(inputs, targets)] * 3), steps=3,
+                   lr=1e-3, progress=False)
+    assert hist.tokens == 3 * counted
 
 
 def test_clipping_bounds_the_gradient_norm():
@@ -236,8 +289,21 @@ def test_recipes_are_deterministic_and_wired():
     b = TT.train_toy_translation(steps=3, warmup_steps=1, eval_every=0)
     assert a.history.loss == b.history.loss and not a.model.training
     assert len(a.history.val_loss) == 1
-    out = TT.greedy_translate(a.model, a.task, [["cat", "sees", "dog"]])
-    assert len(out) == 1 and all(w in a.task.tgt_vocab for w in out[0])
+    sentence = ["cat", "sees", "dog"]
+    out = TT.greedy_translate(a.model, a.task, [sentence])
+    # the same translation by a greedy loop written here: argmax of the
+    # teacher-forced logits, one token at a time, until EOS
+    src = torch.tensor([a.task.encode_src(sentence)])
+    ys = [ST.BOS]
+    with torch.no_grad():
+        for _ in range(src.shape[1] + 2):
+            nxt = a.model(src, torch.tensor([ys]))[0, -1].argmax().item()
+            if nxt == ST.EOS:
+                break
+            ys.append(nxt)
+    words = [a.task.tgt_vocab[i] for i in ys[1:]]
+    assert words, "the untrained model's greedy output is empty"
+    assert out == [words]
     lm = Mk.train_synthetic_lm(steps=3, warmup_steps=1, eval_every=0)
     lm2 = Mk.train_synthetic_lm(steps=3, warmup_steps=1, eval_every=0)
     assert lm.history.loss == lm2.history.loss
