@@ -43,7 +43,7 @@ def _check_lengths(lengths, *, minimum: int) -> list[int]:
     if getattr(lengths, "ndim", None) == 1 and hasattr(lengths, "tolist"):
         lengths = lengths.tolist()
     if isinstance(lengths, str) or hasattr(lengths, "ndim") or \
-            len(lengths) == 0:
+            not hasattr(lengths, "__len__") or len(lengths) == 0:
         raise ValueError(f"lengths must be a non-empty list or 1-D tensor "
                          f"of ints, got {lengths!r:.60}")
     for n in lengths:
