@@ -132,20 +132,27 @@ class RoPEAttention(MultiHeadAttention):
     included); after the projections, each head's queries and keys are
     rotated by :func:`~course_lib.positional.apply_rope` (never the
     values). Uses the "rotate half" pairing $(i, i + d_k/2)$ of the
-    Llama code. ``positions`` (T,) default to $0, \dots, T-1$, or with a
-    KV cache (chapter 9) to the $T$ positions after the cached ones.
+    Llama code, or with ``interleaved=True`` the pairs $(2i, 2i+1)$ of
+    the RoPE paper and llama.cpp (chapter 13). ``base`` is $b$ in
+    $\theta_i = b^{-2i/d_k}$. ``positions`` (T,) default to $0, \dots,
+    T-1$, or with a KV cache (chapter 9) to the $T$ positions after the
+    cached ones.
 
     Introduced in chapter 6.
     """
 
     def __init__(self, d_model: int, n_heads: int, *,
                  n_kv_heads: int | None = None, bias: bool = False,
-                 base: float = 10000.0) -> None:
+                 base: float = 10000.0, interleaved: bool = False) -> None:
         super().__init__(d_model, n_heads, n_kv_heads=n_kv_heads, bias=bias)
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got "
                              f"{self.head_dim}")
+        if not isinstance(interleaved, bool):
+            raise ValueError(f"interleaved must be a bool, got "
+                             f"{interleaved!r}")
         self.base = base
+        self.interleaved = interleaved
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 *, positions: torch.Tensor | None = None,
@@ -164,8 +171,10 @@ class RoPEAttention(MultiHeadAttention):
         k = split_heads(self.k_proj(x), self.n_kv_heads)     # (B, G, T, d_k)
         v = split_heads(self.v_proj(x), self.n_kv_heads)     # (B, G, T, d_k)
         # Rotate q and k by their positions: q_m . k_n depends on m - n.
-        q = apply_rope(q, positions, base=self.base, interleaved=False)
-        k = apply_rope(k, positions, base=self.base, interleaved=False)
+        q = apply_rope(q, positions, base=self.base,
+                       interleaved=self.interleaved)
+        k = apply_rope(k, positions, base=self.base,
+                       interleaved=self.interleaved)
         if cache is not None:
             k, v = cache.update(k, v)                        # (B, G, S, d_k)
         mask = self._mask4d(mask, B, T, k.shape[2])

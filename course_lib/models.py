@@ -234,6 +234,11 @@ class DecoderLMConfig:
     tie_embeddings: bool = True    # lm_head.weight is embed_tokens.weight
     dropout: float = 0.0
     multiple_of: int = 32          # swiglu d_ff rounding (Llama-2: 256)
+    # Chapter 13 (real checkpoints); the defaults keep chapters 6-12 as is.
+    rope_base: float = 10000.0     # RoPE theta base b (SmolLM2: 100000)
+    norm_eps: float | None = None  # None: 1e-6 (rms) / 1e-5 (layer)
+    rope_interleaved: bool = False  # pairs (2i, 2i+1) (llama.cpp) instead
+    #                                 of rotate-half (i, i + d_k/2) (HF)
 
     def __post_init__(self) -> None:
         for name, options in (("positions", ("learned", "rope")),
@@ -292,7 +297,8 @@ class DecoderLM(nn.Module):
                                 if c.positions == "learned" else None)
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(self._block(i) for i in range(c.n_layers))
-        self.norm = make_norm(c.norm, c.d_model, bias=c.bias)
+        self.norm = make_norm(c.norm, c.d_model, eps=c.norm_eps,
+                              bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.apply(self._init)
         for name, p in self.named_parameters():
@@ -309,7 +315,8 @@ class DecoderLM(nn.Module):
         if make_attn is not None:
             attn = make_attn(i)
         elif c.positions == "rope":
-            attn = RoPEAttention(c.d_model, c.n_heads, **kw)
+            attn = RoPEAttention(c.d_model, c.n_heads, base=c.rope_base,
+                                 interleaved=c.rope_interleaved, **kw)
         else:
             attn = MultiHeadAttention(c.d_model, c.n_heads, **kw)
         if make_ffn is not None:
@@ -320,7 +327,8 @@ class DecoderLM(nn.Module):
             ffn = FeedForward(c.d_model, c.d_ff, activation=c.ffn,
                               bias=c.bias)
         return DecoderBlock(c.d_model, attention=attn, ffn=ffn, norm=c.norm,
-                            norm_bias=c.bias, dropout=c.dropout)
+                            norm_bias=c.bias, eps=c.norm_eps,
+                            dropout=c.dropout)
 
     @staticmethod
     def _init(m: nn.Module) -> None:
