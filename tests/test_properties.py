@@ -8,7 +8,6 @@ and wrong types; each property states what a correct result is.
 """
 import math
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

