@@ -30,6 +30,7 @@ from torch import nn
 
 from .attention import causal_mask
 from .mha import MultiHeadAttention
+from .threads import small_ops
 from .validation import check_int
 
 __all__ = ["BOS", "IGNORE", "induction_batch", "TinyAttentionModel",
@@ -140,6 +141,7 @@ class TinyAttentionModel(nn.Module):
         return (logits, all_weights) if return_weights else logits
 
 
+@small_ops()  # steps of a tiny model: see course_lib.threads
 def train_induction(model: TinyAttentionModel, *, steps: int,
                     batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
                     **batch_kwargs) -> list[float]:

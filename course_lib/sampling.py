@@ -32,6 +32,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .threads import small_ops
+
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter",
            "sampling_distribution", "sample_next", "generate",
            "sequence_log_prob"]
@@ -292,6 +294,7 @@ def _model_max_len(model, max_len: int | None) -> int | None:
 
 
 @torch.no_grad()
+@small_ops()  # one small forward per token: see course_lib.threads
 def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
              max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None,

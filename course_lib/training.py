@@ -40,6 +40,7 @@ from .data import (PAD, BOS, EOS, MarkovSource, TranslationTask,
                    collate_translation, entropy_rate, lm_batches,
                    make_translation_task, random_markov_source, token_nll,
                    translation_batches)
+from .threads import small_ops
 from .validation import check_int, check_real
 
 __all__ = ["IGNORE", "lr_multiplier", "make_optimizer", "next_token_loss",
@@ -136,6 +137,7 @@ class History:
     seconds: float = 0.0             # wall time of the training steps
 
 
+@small_ops()  # steps of small models: see course_lib.threads
 def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
           warmup_steps: int = 0, schedule: str = "constant",
           weight_decay: float = 0.0, clip_norm: float | None = 1.0,
