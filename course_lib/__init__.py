@@ -6,6 +6,8 @@ One module per concept; each chapter imports its module and shows its code.
   players) and widget-checked exercises, used by every chapter
 - ``validation``: the shared argument checks behind every ValueError
 - ``timing``: best-of-n wall-clock timing for measurements and benchmarks
+- ``threads``: ``small_ops``, one torch thread for loops of small tensor ops
+  (fast on a busy machine too; issue 17)
 - ``rnn``: recurrent networks and their limits (chapter 1)
 - ``positional``: sinusoidal encodings and RoPE (chapter 2)
 - ``attention``: scaled dot-product attention and masks (chapters 3-4)
