@@ -71,6 +71,7 @@ class Run:
     seconds: float
     timed_out: bool
     load1: float  # 1-minute load average when the run started
+    slowest: tuple[int, float] = (0, 0.0)  # (cell number, seconds)
 
     def __str__(self) -> str:
         return f"{'>' if self.timed_out else ''}{self.seconds:.1f}"
@@ -118,7 +119,27 @@ def time_notebook(path: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S,
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return Run(time.perf_counter() - start, timed_out, load1)
+    return Run(time.perf_counter() - start, timed_out, load1,
+               _slowest_cell(nb, skip=1 if preamble else 0))
+
+
+def _slowest_cell(nb, *, skip: int) -> tuple[int, float]:
+    """(1-based cell number in the chapter, seconds) of the slowest cell,
+    from the timestamps nbclient records; ``skip`` inserted cells."""
+    best = (0, 0.0)
+    cells = nb.cells[:2] + nb.cells[2 + skip:]
+    for number, cell in enumerate(cells, start=1):
+        stamps = cell.get("metadata", {}).get("execution", {})
+        try:
+            seconds = (dt.datetime.fromisoformat(
+                stamps["shell.execute_reply"].replace("Z", "+00:00"))
+                - dt.datetime.fromisoformat(
+                stamps["iopub.execute_input"].replace("Z", "+00:00"))
+            ).total_seconds()
+        except KeyError:
+            continue
+        best = max(best, (number, seconds), key=lambda b: b[1])
+    return best
 
 
 def baseline_preamble(folder: Path) -> str:
@@ -171,9 +192,10 @@ def rows(paths: list[Path], results: list[dict[str, Run]]
          ) -> tuple[list[str], bool]:
     """Markdown table rows and whether every chapter is within budget."""
     lines = [f"| chapter | quiet (s) | load avg | one core busy (s) | "
-             f"load avg | busy / quiet | quiet <= {CHAPTER_BUDGET_S:.0f} s "
-             f"and busy <= {LOAD_RATIO_BUDGET:.0f}x quiet |",
-             "|---|---:|---:|---:|---:|---:|:---:|"]
+             f"load avg | busy / quiet | slowest cell, busy (s) | quiet <= "
+             f"{CHAPTER_BUDGET_S:.0f} s and busy <= "
+             f"{LOAD_RATIO_BUDGET:.0f}x quiet |",
+             "|---|---:|---:|---:|---:|---:|---:|:---:|"]
     ok = True
     for path, runs in zip(paths, results):
         quiet, loaded = runs["quiet"], runs["loaded"]
@@ -185,6 +207,7 @@ def rows(paths: list[Path], results: list[dict[str, Run]]
         lines.append(f"| `{path.name}` | {quiet} | {quiet.load1:.2f} | "
                      f"{loaded} | {loaded.load1:.2f} | "
                      f"{'>' if loaded.timed_out else ''}{ratio:.2f} | "
+                     f"cell {loaded.slowest[0]}: {loaded.slowest[1]:.1f} | "
                      f"{'yes' if within else 'NO'} |")
     return lines, ok
 
@@ -218,7 +241,10 @@ def report(paths: list[Path], results: list[dict[str, Run]], *,
              f"by a background `python -c \"{BUSY_LOOP}\"`. \"load avg\" is "
              "the 1-minute load average when the run started; above 0 the "
              "machine was busy with other work too, which makes both times "
-             "noisy. `>` marks a run cut off at the timeout.", ""] + table
+             "noisy. `>` marks a run cut off at the timeout. The slowest "
+             "cell of the busy run (numbered from 1 in the chapter; a cell "
+             "cut off by the timeout is not counted) shows where the time "
+             "went.", ""] + table
     if baseline is not None:
         lines += ["", "## Compared with a baseline", "",
                   f"The same chapters as they are in `{baseline}` (notebook "
