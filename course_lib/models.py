@@ -36,6 +36,7 @@ from .layers import (FeedForward, SwiGLU, ffn_param_count,
                      llama_hidden_dim, make_norm, swiglu_param_count)
 from .mha import MultiHeadAttention, mha_param_count
 from .positional import sinusoidal_encoding
+from .threads import small_ops
 
 __all__ = ["TransformerConfig", "Transformer", "greedy_decode",
            "DecoderLMConfig", "DecoderLM", "num_parameters",
@@ -180,6 +181,7 @@ class Transformer(nn.Module):
 
 
 @torch.no_grad()
+@small_ops()  # one small decoder call per token: see course_lib.threads
 def greedy_decode(model: Transformer, src: torch.Tensor, *, max_len: int,
                   bos_id: int, eos_id: int, src_lengths=None) -> torch.Tensor:
     r"""Translate by taking $\arg\max$ of the logits one token at a time.

@@ -21,7 +21,8 @@ quiet and 1,243 s with one core busy. The numbers of this fix are in
 the previous count afterwards, so large ops elsewhere keep all cores. The
 course uses it around its loops of small ops: token-by-token generation
 (``sampling.generate``, ``decoding.generate`` and so
-``decoding.decode_throughput``) and the training loops of its small
+``decoding.decode_throughput``, ``models.greedy_decode``), the RNN's steps
+in ``rnn.time_recurrence_vs_attention`` and the training loops of its small
 models (``training.train``, ``rnn.train_recall``,
 ``head_analysis.train_induction``, chapter 11's ``train_moe``).
 
