@@ -10,6 +10,8 @@ Shared helpers
 - ``training``: the one training loop (explained in chapter 7; the small
   experiments of chapters 1 and 5 already run on it)
 - ``special_tokens``: PAD, BOS, EOS and IGNORE of the synthetic tasks
+- ``threads``: ``small_ops``, one torch thread for loops of small tensor
+  ops (fast on a busy machine too)
 - ``widgets``, ``exercises``: explorers (live ipywidgets + static HTML
   frame players), ``show_source``, and widget-checked exercises
 

@@ -35,6 +35,7 @@ import torch
 
 from . import sampling
 from .kv_cache import KVCache, kv_cache_bytes
+from .threads import small_ops
 from .timing import best_time
 from .validation import check_ids, check_int, check_real
 
@@ -92,6 +93,7 @@ def prefill(model: torch.nn.Module, ids: torch.Tensor,
 
 
 @torch.no_grad()
+@small_ops()  # one small forward per token: see course_lib.threads
 def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
              max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 1.0, top_k: int | None = None,
@@ -199,7 +201,9 @@ def decode_throughput(model: torch.nn.Module, *, prompt_len: int,
     A short generation first warms up kernels and allocations; then the
     whole generation is timed ``repeats`` times and the fastest run kept
     (other processes can only slow a run down). Greedy decoding
-    ($T = 0$) keeps random sampling out of the measurement.
+    ($T = 0$) keeps random sampling out of the measurement. Like all
+    generation here it runs on one thread (:func:`generate` is wrapped
+    in :func:`~course_lib.threads.small_ops`).
 
     Args:
         model: as in :func:`generate`.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .threads import small_ops
 from .timing import best_time
 from .validation import check_int, check_real
 
@@ -181,6 +182,9 @@ def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
     $\mathrm{softmax}(QK^\top/\sqrt{d})V$ as two batched matmuls. Attention
     does $O(T^2 d)$ work against the RNN's $O(T d^2)$, so on a CPU it can be
     slower for long sequences; its advantage is $O(1)$ sequential steps.
+    Each side runs as fast as it can: the recurrence on one thread
+    (:func:`~course_lib.threads.small_ops`; its steps are too small to
+    share between threads), attention on all of torch's threads.
 
     Args:
         lengths: sequence lengths T to time.
@@ -208,6 +212,7 @@ def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
     for T in lengths:
         x = torch.randn(batch, T, d_model, generator=g)  # (B, T, D)
 
+        @small_ops()  # T tiny steps: one thread, see course_lib.threads
         def recurrence() -> torch.Tensor:
             xw = x @ w_ih.T  # (B, T, D), parallel over t
             h = x.new_zeros(batch, d_model)  # (B, D)

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .special_tokens import IGNORE
+from .threads import small_ops
 from .validation import check_int, check_real
 
 __all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History",
@@ -137,6 +138,7 @@ class History:
     seconds: float = 0.0             # wall time of the training steps
 
 
+@small_ops()  # steps of small models: see course_lib.threads
 def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
           warmup_steps: int = 0, schedule: str = "constant",
           weight_decay: float = 0.0, clip_norm: float | None = 1.0,

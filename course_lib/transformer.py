@@ -29,6 +29,7 @@ from .layers import ffn_param_count
 from .masking import causal_mask, combine_masks, padding_mask
 from .mha import mha_param_count
 from .positional import sinusoidal_encoding
+from .threads import small_ops
 from .validation import check_dropout, check_int, check_token_ids
 
 __all__ = ["TransformerConfig", "Transformer", "greedy_decode",
@@ -166,6 +167,7 @@ def _padding(lengths, ids: torch.Tensor, name: str):
 
 
 @torch.no_grad()
+@small_ops()  # one small decoder call per token: see course_lib.threads
 def greedy_decode(model: Transformer, src: torch.Tensor, *, max_len: int,
                   bos_id: int, eos_id: int, src_lengths=None) -> torch.Tensor:
     r"""Translate by taking $\arg\max$ of the logits one token at a time.

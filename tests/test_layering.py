@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
-HELPERS = {"validation", "timing", "training", "special_tokens", "widgets",
-           "exercises", "function_exercise"}
+HELPERS = {"validation", "timing", "training", "special_tokens", "threads",
+           "widgets", "exercises", "function_exercise"}
 
 
 def chapter_of(path: Path) -> int:
