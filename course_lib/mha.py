@@ -35,7 +35,7 @@ from torch import nn
 
 from .attention import scaled_dot_product_attention
 from .kv_cache import LayerKVCache
-from .validation import check_int
+from .validation import broadcasts_to, check_int
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv",
            "mask_to_4d", "mha_param_count"]
@@ -177,12 +177,7 @@ def mask_to_4d(mask, B: int, H: int, T: int, S: int):
                          f"attend), got {kind}")
     target, shape = (B, H, T, S), tuple(mask.shape)
     m4 = mask[:, None] if mask.dim() == 3 else mask      # (B, 1, T|1, S)
-    try:
-        ok = m4.dim() in (2, 4) and \
-            torch.broadcast_shapes(m4.shape, target) == target
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not (m4.dim() in (2, 4) and broadcasts_to(m4.shape, target)):
         raise ValueError(
             f"mask of shape {shape} does not broadcast to (B, H, T, S) "
             f"= {target}; expected (T, S), (B, 1, S), (B, T, S) or "
