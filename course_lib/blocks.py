@@ -23,6 +23,7 @@ Introduced in chapter 6.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import scaled_dot_product_attention
@@ -133,7 +134,8 @@ class RoPEAttention(MultiHeadAttention):
     rotated by :func:`~course_lib.positional.apply_rope` (never the
     values). Uses the "rotate half" pairing $(i, i + d_k/2)$ of the
     Llama code, or with ``interleaved=True`` the pairs $(2i, 2i+1)$ of
-    the RoPE paper and llama.cpp (chapter 13). ``base`` is $b$ in
+    the RoPE paper and llama.cpp (chapter 13); ``fused=True`` runs the
+    attention itself in torch's fused kernel. ``base`` is $b$ in
     $\theta_i = b^{-2i/d_k}$. ``positions`` (T,) default to $0, \dots,
     T-1$, or with a KV cache (chapter 9) to the $T$ positions after the
     cached ones.
@@ -143,16 +145,18 @@ class RoPEAttention(MultiHeadAttention):
 
     def __init__(self, d_model: int, n_heads: int, *,
                  n_kv_heads: int | None = None, bias: bool = False,
-                 base: float = 10000.0, interleaved: bool = False) -> None:
+                 base: float = 10000.0, interleaved: bool = False,
+                 fused: bool = False) -> None:
         super().__init__(d_model, n_heads, n_kv_heads=n_kv_heads, bias=bias)
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got "
                              f"{self.head_dim}")
-        if not isinstance(interleaved, bool):
-            raise ValueError(f"interleaved must be a bool, got "
-                             f"{interleaved!r}")
+        for name, flag in (("interleaved", interleaved), ("fused", fused)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be a bool, got {flag!r}")
         self.base = base
         self.interleaved = interleaved
+        self.fused = fused            # torch's fused kernel (chapter 13)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 *, positions: torch.Tensor | None = None,
@@ -178,10 +182,27 @@ class RoPEAttention(MultiHeadAttention):
         if cache is not None:
             k, v = cache.update(k, v)                        # (B, G, S, d_k)
         mask = self._mask4d(mask, B, T, k.shape[2])
+        if self.fused:
+            out = _fused_gqa(q, k, v, mask)                  # (B, H, T, d_k)
+            return self.o_proj(merge_heads(out))             # (B, T, D)
         k = repeat_kv(k, self.n_rep)                         # (B, H, S, d_k)
         v = repeat_kv(v, self.n_rep)                         # (B, H, S, d_k)
         out = scaled_dot_product_attention(q, k, v, mask)    # (B, H, T, d_k)
         return self.o_proj(merge_heads(out))                 # (B, T, D)
+
+
+def _fused_gqa(q, k, v, mask):
+    """torch's fused attention, each K/V head read by its query heads in
+    the kernel (``enable_gqa``: no repeated copies, as ``transformers``
+    runs Llama); a query row with no allowed key gives zeros, as in
+    :func:`~course_lib.attention.scaled_dot_product_attention`."""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    has_key = mask.any(dim=-1, keepdim=True)                 # (.., T, 1)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask | ~has_key, enable_gqa=gqa)  # (B, H, T, d_k)
+    return out * has_key
 
 
 class DecoderBlock(nn.Module):
