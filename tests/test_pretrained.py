@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from conftest import needs_weights
+from smollm2_support import needs_weights
 from course_lib import pretrained
 from course_lib.blocks import RoPEAttention
 from course_lib.decoding import generate
