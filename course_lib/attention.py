@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .timing import best_time
-from .validation import check_bool_mask, check_int, check_real
+from .validation import broadcasts_to, check_bool_mask, check_int, check_real
 
 __all__ = ["scaled_dot_product_attention", "softmax_jacobian",
            "score_variance_mc", "saturation_stats", "SaturationStats",
@@ -47,21 +47,20 @@ def _check_inputs(q, k, v, mask, scale) -> float:
         raise ValueError(f"q and k must share d_k, got {shapes}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must share the length Lk, got {shapes}")
-    try:
-        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2],
-                                       v.shape[:-2])
-    except RuntimeError:
-        raise ValueError(f"leading dims do not broadcast: {shapes}") from None
+    batch = q.shape[:-2]
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        try:
+            batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2],
+                                           v.shape[:-2])
+        except RuntimeError:
+            raise ValueError(f"leading dims do not broadcast: "
+                             f"{shapes}") from None
     if mask is not None:
         check_bool_mask("mask", mask)
         # The mask must broadcast *to* the scores and never enlarge them
         # (that would silently apply the wrong mask per batch element).
         scores = torch.Size((*batch, q.shape[-2], k.shape[-2]))
-        try:
-            ok = torch.broadcast_shapes(mask.shape, scores) == scores
-        except RuntimeError:
-            ok = False
-        if not ok:
+        if not broadcasts_to(mask.shape, scores):
             raise ValueError(f"mask of shape {tuple(mask.shape)} does not "
                              f"broadcast to the scores (..., Lq, Lk) = "
                              f"{tuple(scores)}")

@@ -40,11 +40,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import scaled_dot_product_attention
 from .positional import RotaryEmbedding
-from .validation import check_bool_mask, check_int
+from .validation import broadcasts_to, check_bool_mask, check_int
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
@@ -186,12 +187,7 @@ def mask_to_4d(mask, B: int, H: int, T: int, S: int):
     check_bool_mask("mask", mask)
     target, shape = (B, H, T, S), tuple(mask.shape)
     m4 = mask[:, None] if mask.dim() == 3 else mask      # (B, 1, T|1, S)
-    try:
-        ok = m4.dim() in (2, 4) and \
-            torch.broadcast_shapes(m4.shape, target) == target
-    except RuntimeError:
-        ok = False
-    if not ok:
+    if not (m4.dim() in (2, 4) and broadcasts_to(m4.shape, target)):
         raise ValueError(
             f"mask of shape {shape} does not broadcast to (B, H, T, S) "
             f"= {target}; expected (T, S), (B, 1, S), (B, T, S) or "
@@ -218,15 +214,24 @@ class MultiHeadAttention(nn.Module):
             :class:`~course_lib.positional.RotaryEmbedding` of width
             ``head_dim`` that rotates $q$ and $k$ (Llama), or ``None``
             (positions, if any, were added at the input).
+        fused: run steps 4-5 in torch's fused kernel, which reads each
+            K/V head for its query heads without copying it (as
+            ``transformers`` runs Llama; chapter 13); same result up to
+            rounding. A call that asks for the weights runs the explicit
+            path anyway (the kernel keeps none).
 
     Introduced in chapter 5.
     """
 
     def __init__(self, d_model: int, n_heads: int, *,
                  n_kv_heads: int | None = None, bias: bool = True,
-                 rope: RotaryEmbedding | None = None) -> None:
+                 rope: RotaryEmbedding | None = None,
+                 fused: bool = False) -> None:
         super().__init__()
         self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads)
+        if not isinstance(fused, bool):
+            raise ValueError(f"fused must be a bool, got {fused!r}")
+        self.fused = fused
         if rope is not None and (not isinstance(rope, RotaryEmbedding)
                                  or rope.head_dim != d_model // n_heads):
             raise ValueError(f"rope must be None or a RotaryEmbedding with "
@@ -273,7 +278,7 @@ class MultiHeadAttention(nn.Module):
                 *, context: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None,
                 cache: LayerKVCache | None = None,
-                return_weights: bool = False, fused: bool = False):
+                return_weights: bool = False):
         r"""Batched multi-head attention: all heads in one reshape.
 
         Args:
@@ -291,8 +296,6 @@ class MultiHeadAttention(nn.Module):
                 appended and attention runs over all cached positions, so
                 $S$ = cached + $T$ (chapter 9).
             return_weights: also return the attention weights.
-            fused: step 5 by torch's fused kernel (same result up to
-                rounding; keeps no weights, so not with ``return_weights``).
 
         Returns:
             ``(B, T, D)``, and with ``return_weights`` the weights
@@ -322,13 +325,17 @@ class MultiHeadAttention(nn.Module):
             # KV cache: past keys/values + this call's (chapter 9).
             k, v = cache.update(k, v)                        # (B, G, S, d_k)
         mask = self._mask4d(mask, B, T, k.shape[2])
-        # 4) GQA/MQA: each K/V head serves n_rep query heads.
-        k = repeat_kv(k, self.n_rep)                         # (B, H, S, d_k)
-        v = repeat_kv(v, self.n_rep)                         # (B, H, S, d_k)
-        # 5) head_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i, for every head.
-        out = scaled_dot_product_attention(
-            q, k, v, mask, return_weights=return_weights, fused=fused)
-        out, weights = out if return_weights else (out, None)
+        if self.fused and not return_weights:
+            # 4-5) in torch's kernel, K/V heads shared without copies
+            out, weights = _fused_gqa(q, k, v, mask), None   # (B, H, T, d_k)
+        else:
+            # 4) GQA/MQA: each K/V head serves n_rep query heads.
+            k = repeat_kv(k, self.n_rep)                     # (B, H, S, d_k)
+            v = repeat_kv(v, self.n_rep)                     # (B, H, S, d_k)
+            # 5) head_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i, every head.
+            out = scaled_dot_product_attention(
+                q, k, v, mask, return_weights=return_weights)
+            out, weights = out if return_weights else (out, None)
         #    out (B, H, T, d_k), weights (B, H, T, S)
         # 6) Concat(head_1, ..., head_h): heads back next to each other.
         out = merge_heads(out)                               # (B, T, D)
@@ -397,6 +404,21 @@ class MultiHeadAttention(nn.Module):
         if return_weights:
             return out, torch.stack(all_weights, dim=1)      # (B, H, T, S)
         return out
+
+
+def _fused_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+    """torch's fused attention; ``enable_gqa`` reads each of the G K/V
+    heads for its H/G query heads inside the kernel. q (B, H, T, d_k),
+    k and v (B, G, S, d_k) -> (B, H, T, d_k). A query row with no
+    allowed key gives zeros, as in chapter 3's function."""
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    has_key = mask.any(dim=-1, keepdim=True)                 # (.., T, 1)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask | ~has_key, enable_gqa=gqa)  # (B, H, T, d_k)
+    return out * has_key
 
 
 def _head_proj(layer: nn.Linear, rows: slice,

@@ -23,12 +23,12 @@ import math
 import torch
 from torch import nn
 
-from .validation import check_int, check_real
+from .validation import broadcasts_to, check_int, check_real
 
 __all__ = ["frequencies", "wavelengths", "sinusoidal_encoding",
            "rotation_matrix", "offset_dot_product", "apply_rope",
-           "RotaryEmbedding", "rope_permutation", "self_attention",
-           "draw_clock_hands"]
+           "RotaryEmbedding", "rope_permutation", "rope_cos_sin",
+           "self_attention", "draw_clock_hands"]
 
 
 # --------------------------------------------------------------- checks
@@ -226,19 +226,11 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, *,
                          f"{type(positions).__name__}")
     d = x.shape[-1]
     _check_d_model("x.shape[-1]", d)
-    try:
-        ok = torch.broadcast_shapes(positions.shape, x.shape[:-1])
-    except RuntimeError:
-        ok = None
-    if ok != x.shape[:-1]:
+    if not broadcasts_to(positions.shape, x.shape[:-1]):
         raise ValueError(
             f"positions must broadcast to x.shape[:-1] = "
             f"{tuple(x.shape[:-1])}, got shape {tuple(positions.shape)}")
-    theta = frequencies(d, base)                               # (P,)
-    # Angles m * theta_i in float64 (see sinusoidal_encoding), then cast.
-    angle = positions.to(torch.float64)[..., None] * theta     # (..., T, P)
-    cos = torch.cos(angle).to(x.dtype)                         # (..., T, P)
-    sin = torch.sin(angle).to(x.dtype)                         # (..., T, P)
+    cos, sin = rope_cos_sin(positions, d, base=base, dtype=x.dtype)
     # Interleaved pairs (2i, 2i+1); split halves pair i with i + D/2.
     xa, xb = ((x[..., 0::2], x[..., 1::2]) if interleaved      # (..., T, P)
               else (x[..., : d // 2], x[..., d // 2:]))        # (..., T, P)
@@ -295,6 +287,50 @@ class RotaryEmbedding(nn.Module):
                              f"{self.head_dim}, got {tuple(x.shape)}")
         return apply_rope(x, positions, base=self.base,
                           interleaved=self.interleaved)
+
+
+_TABLES: dict = {}          # (D, base, dtype, device) -> (cos, sin) (L, P)
+
+
+def rope_cos_sin(positions: torch.Tensor, d: int, *, base: float = 10000.0,
+                 dtype: torch.dtype = torch.float32
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""$\cos m\theta_i$ and $\sin m\theta_i$ for every position $m$.
+
+    Angles are computed in float64 (see :func:`sinusoidal_encoding`) and
+    then cast. For integer positions $\ge 0$ the rows come from a table
+    built once per (D, base, dtype, device), grown as needed: every layer
+    of a model and every decoding step reuse it instead of recomputing
+    the same cosines (chapter 13). Same numbers either way.
+
+    Args:
+        positions: tensor of any shape (...); d: even feature width D.
+        base: the constant $b$; dtype: dtype of the result.
+    Returns:
+        cos, sin: tensors (..., P).
+
+    Introduced in chapter 13.
+    """
+    theta = None
+    if not positions.is_floating_point() and positions.numel():
+        lo, hi = positions.aminmax()
+        if lo >= 0:
+            key = (d, float(base), dtype, positions.device)
+            table = _TABLES.get(key)
+            if table is None or table[0].shape[0] <= hi:
+                theta = frequencies(d, base)                   # (P,)
+                L = max(1024, 1 << int(hi).bit_length())       # rows
+                pos = torch.arange(L, dtype=torch.float64)     # (L,)
+                angle = (pos[:, None] * theta).to(positions.device)
+                if len(_TABLES) > 16:
+                    _TABLES.clear()
+                table = _TABLES[key] = (torch.cos(angle).to(dtype),
+                                        torch.sin(angle).to(dtype))
+            return table[0][positions], table[1][positions]  # (..., P)
+    theta = frequencies(d, base)                               # (P,)
+    # Angles m * theta_i in float64, then cast.
+    angle = positions.to(torch.float64)[..., None] * theta     # (..., P)
+    return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
 
 
 def self_attention(x: torch.Tensor, *, w_q: torch.Tensor,

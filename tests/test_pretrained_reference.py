@@ -10,7 +10,7 @@ import pytest
 import regex
 import torch
 
-from weights import needs_weights
+from smollm2_support import needs_weights
 from course_lib.decoding import generate
 from test_tokenizer import CORPUS
 

@@ -8,7 +8,7 @@ tokenizer is the reference in test_pretrained_reference.py.
 """
 import pytest
 
-from weights import needs_weights
+from smollm2_support import needs_weights
 from course_lib.tokenizer import ByteLevelBPETokenizer
 
 # English, Python, digits, whitespace runs (spaces, tabs, newlines, also
