@@ -34,6 +34,7 @@ import kv_cache_bench  # noqa: E402
 import load_bench  # noqa: E402
 import mla_bench  # noqa: E402
 import moe_bench  # noqa: E402
+import smollm2_bench  # noqa: E402
 import training_bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += rnn_vs_attention_rows()
     lines += attention_rows()
     lines += training_rows()
-    for bench in (kv_cache_bench, mla_bench, moe_bench):
+    for bench in (kv_cache_bench, mla_bench, moe_bench, smollm2_bench):
         lines += bench.rows()
         print(f"{bench.__name__}: done", flush=True)
     OUT.write_text("\n".join(lines) + "\n")
