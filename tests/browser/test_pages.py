@@ -76,3 +76,20 @@ def test_chapter_page_weight(chapter):
     assert weight.total <= CHAPTER_PAGE_BUDGET, (
         f"{chapter}: {weight.total / 2**20:.2f} MB (HTML "
         f"{weight.html_bytes} B + images {weight.image_bytes} B) > 3 MB")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_exercise_answer_is_readable_without_a_click(site, page, chapter):
+    """The code that builds an exercise holds its answer (``answer=``,
+    ``solution=``): on a freshly loaded page no such source may be
+    visible; it may sit behind a collapsed toggle (issue 13)."""
+    page.goto(f"{site.url}/book/{chapter}.html")
+    sources = page.locator("div.cell_input", has_text="Exercise(")
+    assert sources.count() > 0, "no exercise cell found: selector stale?"
+    for i in range(sources.count()):
+        src = sources.nth(i)
+        code = src.locator("pre")
+        visible = code.count() and code.first.is_visible()
+        assert not visible, (
+            f"exercise source visible without a click: "
+            f"{src.inner_text()[:120]!r}")
