@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from .timing import best_time
-from .validation import broadcasts_to, check_bool_mask, check_int, check_real
+from .validation import (broadcasts_to, check_bool_mask, check_int,
+                         check_lengths, check_real)
 
 __all__ = ["scaled_dot_product_attention", "softmax_jacobian",
            "score_variance_mc", "saturation_stats", "SaturationStats",
@@ -288,11 +289,7 @@ def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
 
     Introduced in chapter 3.
     """
-    if isinstance(lengths, (str, bytes)) or not len(lengths):
-        raise ValueError(f"lengths must be a non-empty list of ints, "
-                         f"got {lengths!r:.60}")
-    for n in lengths:
-        check_int("each of lengths", n, minimum=1)
+    lengths = check_lengths(lengths, minimum=1)
     for name, value in (("d_k", d_k), ("batch", batch),
                         ("n_heads", n_heads), ("repeats", repeats)):
         check_int(name, value, minimum=1)

@@ -31,24 +31,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from .validation import check_bool_mask, check_int
+from .validation import check_bool_mask, check_int, check_lengths
 
 __all__ = ["causal_mask", "sliding_window_mask", "padding_mask",
            "combine_masks", "additive_mask", "next_token_pairs",
            "influence_matrix", "draw_mask"]
-
-
-def _check_lengths(lengths, *, minimum: int) -> list[int]:
-    # 1-D tensors and NumPy arrays become lists (`not array` is ambiguous).
-    if getattr(lengths, "ndim", None) == 1 and hasattr(lengths, "tolist"):
-        lengths = lengths.tolist()
-    if isinstance(lengths, str) or hasattr(lengths, "ndim") or \
-            not hasattr(lengths, "__len__") or len(lengths) == 0:
-        raise ValueError(f"lengths must be a non-empty list or 1-D tensor "
-                         f"of ints, got {lengths!r:.60}")
-    for n in lengths:
-        check_int("each of lengths", n, minimum=minimum)
-    return list(lengths)
 
 
 # ---------------------------------------------------------- building masks
@@ -126,7 +113,7 @@ def padding_mask(lengths, max_len: int, *,
     Introduced in chapter 3.
     """
     check_int("max_len", max_len, minimum=1)
-    lengths = _check_lengths(lengths, minimum=0)
+    lengths = check_lengths(lengths, minimum=0)
     if max(lengths) > max_len:
         raise ValueError(f"lengths must be <= max_len = {max_len}, got "
                          f"{max(lengths)}")

@@ -14,7 +14,7 @@ from numbers import Integral, Real
 import torch
 
 __all__ = ["check_int", "check_real", "check_top_k", "check_dropout",
-           "check_bool_mask", "check_ids", "check_token_ids",
+           "check_lengths", "check_bool_mask", "check_ids", "check_token_ids",
            "config_field", "broadcasts_to"]
 
 
@@ -61,6 +61,21 @@ def check_top_k(top_k, n_experts: int) -> None:
     if top_k > n_experts:
         raise ValueError(f"top_k must be <= n_experts={n_experts}, "
                          f"got {top_k}")
+
+
+def check_lengths(lengths, *, minimum: int) -> list[int]:
+    """``lengths`` must be a non-empty list or 1-D tensor/array of ints,
+    each >= ``minimum``; returns it as a list."""
+    # 1-D tensors and NumPy arrays become lists (`not array` is ambiguous).
+    if getattr(lengths, "ndim", None) == 1 and hasattr(lengths, "tolist"):
+        lengths = lengths.tolist()
+    if isinstance(lengths, str) or hasattr(lengths, "ndim") or \
+            not hasattr(lengths, "__len__") or len(lengths) == 0:
+        raise ValueError(f"lengths must be a non-empty list or 1-D tensor "
+                         f"of ints, got {lengths!r:.60}")
+    for n in lengths:
+        check_int("each of lengths", n, minimum=minimum)
+    return list(lengths)
 
 
 def check_bool_mask(name: str, mask) -> None:
