@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
 
 __all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv",
-           "mask_to_4d", "mha_param_count"]
+           "mask_to_4d", "query_positions", "mha_param_count"]
 
 
 def _check_heads(d_model, n_heads, n_kv_heads) -> int:
@@ -195,6 +195,27 @@ def mask_to_4d(mask, B: int, H: int, T: int, S: int):
     return m4
 
 
+def query_positions(positions, T: int, cache, device) -> torch.Tensor:
+    """The absolute positions (T,) of T queries: ``positions`` as given
+    (checked to have shape (T,) and, with a cache, to continue it), or by
+    default the T positions after those already in ``cache`` (0.. without
+    one). Used by every attention layer that rotates by position.
+
+    Introduced in chapter 5.
+    """
+    if positions is None:
+        past = len(cache) if cache is not None else 0
+        return torch.arange(past, past + T, device=device)   # (T,)
+    if not isinstance(positions, torch.Tensor) or \
+            tuple(positions.shape) != (T,):
+        got = getattr(positions, "shape", positions)
+        raise ValueError(f"positions must be a tensor of shape (T,) = "
+                         f"({T},), got {got}")
+    if cache is not None:
+        cache.check_next(positions)        # rotations must match the keys
+    return positions
+
+
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention with optional grouped K/V heads.
 
@@ -318,7 +339,7 @@ class MultiHeadAttention(nn.Module):
         # 3) Position hook: RoPE rotates q and k (never v), so that
         #    q_m . k_n depends on m - n only (chapter 2).
         if self.rope is not None:
-            positions = self._positions(positions, T, cache, x.device)
+            positions = query_positions(positions, T, cache, x.device)
             q = self.rope(q, positions)                      # (B, H, T, d_k)
             k = self.rope(k, positions)                      # (B, G, T, d_k)
         if cache is not None:
@@ -342,22 +363,6 @@ class MultiHeadAttention(nn.Module):
         # 7) MultiHead = Concat(...) W^O
         out = self.o_proj(out)                               # (B, T, D)
         return (out, weights) if return_weights else out
-
-    @staticmethod
-    def _positions(positions, T: int, cache, device) -> torch.Tensor:
-        """The queries' positions: given (and, with a cache, checked to
-        continue it), or the T after the cached ones."""
-        if positions is None:
-            past = len(cache) if cache is not None else 0
-            return torch.arange(past, past + T, device=device)   # (T,)
-        if not isinstance(positions, torch.Tensor) or \
-                tuple(positions.shape) != (T,):
-            got = getattr(positions, "shape", positions)
-            raise ValueError(f"positions must be a tensor of shape (T,) = "
-                             f"({T},), got {got}")
-        if cache is not None:
-            cache.check_next(positions)
-        return positions
 
     def forward_loop(self, x: torch.Tensor,
                      mask: torch.Tensor | None = None, *,
@@ -387,7 +392,7 @@ class MultiHeadAttention(nn.Module):
             k_i = _head_proj(self.k_proj, rk, context)       # (B, S, d_k)
             v_i = _head_proj(self.v_proj, rk, context)       # (B, S, d_k)
             if self.rope is not None:
-                pos = self._positions(positions, T, None, x.device)
+                pos = query_positions(positions, T, None, x.device)
                 q_i, k_i = self.rope(q_i, pos), self.rope(k_i, pos)
             # Pick this head's slice of the mask (broadcast axes stay 1).
             m_i = None

@@ -46,7 +46,7 @@ from torch import nn
 from .attention import scaled_dot_product_attention
 from .kv_cache import LayerKVCache
 from .layers import RMSNorm
-from .mha import mask_to_4d
+from .mha import mask_to_4d, query_positions
 from .positional import apply_rope
 from .validation import check_int, check_real
 
@@ -257,16 +257,7 @@ class MultiHeadLatentAttention(nn.Module):
             raise ValueError(f"cache must be a LayerKVCache, got "
                              f"{type(cache).__name__}")
         B, T, _ = x.shape
-        past = len(cache) if cache is not None else 0
-        if positions is None:
-            positions = torch.arange(past, past + T, device=x.device)  # (T,)
-        if not isinstance(positions, torch.Tensor) \
-                or tuple(positions.shape) != (T,):
-            got = getattr(positions, "shape", positions)
-            raise ValueError(f"positions must be a tensor of shape (T,) = "
-                             f"({T},), got {got}")
-        if cache is not None:
-            cache.check_next(positions)      # rotations must match the keys
+        positions = query_positions(positions, T, cache, x.device)  # (T,)
         absorb = self.absorb if absorb is None else absorb
 
         # 1) Queries. c^Q = Norm(W^{DQ} h); [q^C; q^R] = [W^{UQ}; W^{QR}] c^Q
