@@ -211,8 +211,10 @@ class DecoderLM(nn.Module):
             # h^0 = E[x] + P[pos]: learned positions, added once.
             h = h + self.embed_positions(positions)          # (B, T, D)
         h = self.dropout(h)
-        # new token i (position past + i) sees keys 0 .. past + i
-        mask = causal_mask(T, past + T, device=idx.device)   # (T, S)
+        # new token i (position past + i) sees keys 0 .. past + i; one
+        # new token (a decoding step) sees every key: no mask needed.
+        mask = (causal_mask(T, past + T, device=idx.device)  # (T, S)
+                if T > 1 else None)
         aux = []
         for i, block in enumerate(self.layers):
             h, a = block(h, mask, positions=positions,

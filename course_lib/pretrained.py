@@ -209,13 +209,21 @@ def rope_permute(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
                     rope: str = "hf", rope_interleaved: bool | None = None,
-                    fused: bool = True) -> DecoderLM:
+                    fused: bool = True, column_major: bool = True
+                    ) -> DecoderLM:
     r"""Build a :class:`DecoderLM` from a Llama GGUF file.
 
     1) the config from the metadata; 2) the model on PyTorch's meta device
     (no memory, no random init); 3) every tensor dequantised to float32
     and renamed with :data:`NAME_TABLE`; with ``rope="hf"`` $W^Q$, $W^K$
     are un-permuted; 4) the tensors assigned to the model.
+
+    Memory layout: a weight $W$ of shape (out, in) is stored column-major
+    by default (``W.t()`` contiguous), the same numbers in another order.
+    Decoding multiplies one row vector by every matrix, ``x @ W.t()``,
+    and torch's kernel streams a contiguous ``W.t()`` about 20 % faster
+    than the row-major layout (chapter 13 measures it); the token lookup
+    reads one strided row, which costs nothing at this size.
 
     Args:
         gguf: an open file. dtype: parameter dtype (float32, bfloat16).
@@ -225,6 +233,8 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
             (None) is the WRONG convention for ``rope`` (an experiment).
         fused: attention by torch's fused kernel (one call per layer,
             as ``transformers`` does; False: the explicit chapter-3 path).
+        column_major: store the 2-D weights column-major (see above);
+            False keeps PyTorch's usual row-major layout.
     Returns:
         the model in eval mode.
 
@@ -232,8 +242,9 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
     """
     if rope not in ("hf", "gguf"):
         raise ValueError(f"rope must be 'hf' or 'gguf', got {rope!r}")
-    if not isinstance(fused, bool):
-        raise ValueError(f"fused must be a bool, got {fused!r}")
+    for name, flag in (("fused", fused), ("column_major", column_major)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {flag!r}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got "
                          f"{dtype!r}")
@@ -253,7 +264,10 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
             heads = config.n_heads if "attn_q" in t.name \
                 else config.n_kv_heads
             w = rope_unpermute(w, heads)
-        state[rename(t.name)] = w.to(dtype)
+        w = w.to(dtype)
+        if column_major and w.dim() == 2:
+            w = w.t().contiguous().t()                       # (R, C), W^T dense
+        state[rename(t.name)] = w
     if config.tie_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
@@ -265,7 +279,8 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
 
 
 def load_smollm2(*, dtype: torch.dtype = torch.float32, rope: str = "hf",
-                 rope_interleaved: bool | None = None, fused: bool = True
+                 rope_interleaved: bool | None = None, fused: bool = True,
+                 column_major: bool = True
                  ) -> tuple[DecoderLM, ByteLevelBPETokenizer]:
     """SmolLM2-135M-Instruct as ``(model, tokenizer)`` from the installed
     GGUF file: ``model(idx)`` (B, T) -> logits (B, T, 49152).
@@ -279,5 +294,6 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, rope: str = "hf",
     """
     gguf = open_smollm2()
     model = load_gguf_llama(gguf, dtype=dtype, rope=rope,
-                            rope_interleaved=rope_interleaved, fused=fused)
+                            rope_interleaved=rope_interleaved, fused=fused,
+                            column_major=column_major)
     return model, ByteLevelBPETokenizer.from_gguf(gguf.metadata)

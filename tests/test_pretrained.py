@@ -222,6 +222,26 @@ def test_weights_are_the_files_renamed(smollm2):
     assert torch.equal(sd["norm.weight"], f.dequantize("output_norm.weight"))
 
 
+@needs_weights
+def test_column_major_layout_is_the_same_model(smollm2):
+    model, tok = smollm2
+    mats = [p for p in model.parameters() if p.dim() == 2]
+    assert len(mats) == 7 * 30 + 1           # tied head counted once
+    assert all(p.t().is_contiguous() and not p.is_contiguous()
+               for p in mats)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    rows, _ = pretrained.load_smollm2(column_major=False)
+    assert all(p.is_contiguous() for p in rows.parameters())
+    a, b = dict(model.named_parameters()), dict(rows.named_parameters())
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.tensor(tok.encode("Memory layout changes speed, not"))
+    with torch.no_grad():
+        assert (model(ids[None]) - rows(ids[None])).abs().max() < 1e-4
+    assert torch.equal(generate(model, ids, 8, temperature=0.0),
+                       generate(rows, ids, 8, temperature=0.0))
+
+
 TEXT = ("The history of the printing press begins in the fifteenth "
         "century, when Johannes Gutenberg combined movable metal type, "
         "oil-based ink and a wooden press adapted from those used to make "
@@ -291,6 +311,8 @@ def test_load_smollm2_bad_input():
         pretrained.load_smollm2(dtype=torch.int8)
     with pytest.raises(ValueError, match="fused must be a bool"):
         pretrained.load_smollm2(fused="yes")
+    with pytest.raises(ValueError, match="column_major must be a bool"):
+        pretrained.load_smollm2(column_major=1)
 
 
 @needs_weights
