@@ -41,8 +41,8 @@ import torch
 from torch import nn
 
 from .layers import SwiGLU
-from .routing import (DeepSeekV3Router, Routing, TopKRouter, expert_load,
-                      load_balancing_loss)
+from .load_balancing import expert_load, load_balancing_loss
+from .routing import DeepSeekV3Router, Routing, TopKRouter
 from .validation import check_int, check_real, check_top_k, config_field
 
 __all__ = ["MoEInfo", "MoE", "expert_capacity", "moe_from_config",
@@ -58,7 +58,7 @@ class MoEInfo:
         routing: the router's :class:`~course_lib.routing.Routing`.
         load: ``(E,)`` long, token-slots assigned to each expert (before
             capacity drops).
-        aux_loss: scalar :func:`~course_lib.routing.load_balancing_loss`
+        aux_loss: scalar :func:`~course_lib.load_balancing.load_balancing_loss`
             (with gradient; add ``coef * aux_loss`` to the training loss).
         dropped: token-slots dropped by the capacity limit (0 without).
         capacity: slots per expert $C$, or None (no limit).

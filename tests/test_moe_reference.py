@@ -15,7 +15,7 @@ from transformers.models.mixtral import (  # noqa: E402
     modeling_mixtral as hf_mixtral)
 
 from course_lib.moe import MoE, moe_from_config  # noqa: E402
-from course_lib.routing import load_balancing_loss  # noqa: E402
+from course_lib.load_balancing import load_balancing_loss  # noqa: E402
 
 torch.manual_seed(123)
 
