@@ -106,6 +106,10 @@ class BPE:
         if not isinstance(tokens, list) or not tokens:
             raise ValueError(f"tokens must be a non-empty list, got "
                              f"{type(tokens).__name__}")
+        if not isinstance(merges, list) or \
+                not all(isinstance(m, str) for m in merges):
+            raise TypeError("merges must be a list of 'a b' strings, got "
+                            f"{type(merges).__name__}")
         self.vocab = {t: i for i, t in enumerate(tokens)}     # token -> id
         self.tokens = tokens
         # rank of each pair: its position in the merge list

@@ -26,7 +26,7 @@ from .masking import causal_mask
 from .mha import MultiHeadAttention, mha_param_count
 from .positional import RotaryEmbedding
 from .validation import (check_dropout, check_int, check_real,
-                         check_token_ids)
+                         check_token_ids, check_type)
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import KVCache
@@ -111,6 +111,7 @@ class DecoderLM(nn.Module):
                  ffn_factory: Callable[[int], nn.Module] | None = None
                  ) -> None:
         super().__init__()
+        check_type("config", config, DecoderLMConfig, "a DecoderLMConfig")
         c = self.config = config
         for name, f in (("attention_factory", attention_factory),
                         ("ffn_factory", ffn_factory)):
@@ -234,6 +235,7 @@ def decoder_lm_param_count(config: DecoderLMConfig) -> int:
 
     Introduced in chapter 6.
     """
+    check_type("config", config, DecoderLMConfig, "a DecoderLMConfig")
     c = config
     D = c.d_model
     norm = 2 * D if (c.norm == "layer" and c.bias) else D

@@ -29,7 +29,7 @@ from numbers import Real
 import torch
 from torch import nn
 
-from .validation import check_int, check_real
+from .validation import check_int, check_real, check_type
 
 __all__ = ["FeedForward", "SwiGLU", "RMSNorm", "make_norm",
            "ffn_param_count", "swiglu_param_count", "llama_hidden_dim",
@@ -232,4 +232,5 @@ def num_parameters(model: nn.Module) -> int:
 
     Introduced in chapter 6.
     """
+    check_type("model", model, nn.Module, "a torch.nn.Module")
     return sum(p.numel() for p in model.parameters())

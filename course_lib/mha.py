@@ -45,7 +45,8 @@ from torch import nn
 
 from .attention import scaled_dot_product_attention
 from .positional import RotaryEmbedding
-from .validation import broadcasts_to, check_bool_mask, check_int
+from .validation import (broadcasts_to, check_bool_mask, check_int,
+                         check_type)
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
@@ -110,6 +111,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
     Introduced in chapter 5.
     """
+    check_type("x", x, torch.Tensor, "a torch.Tensor")
     if x.dim() != 4:
         raise ValueError(f"x must have shape (B, H, T, d_k), got "
                          f"{tuple(x.shape)}")

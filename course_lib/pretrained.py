@@ -41,7 +41,7 @@ from .decoder_lm import DecoderLM, DecoderLMConfig
 from .gguf_file import GGUFFile
 from .positional import rope_permutation
 from .tokenizer import ByteLevelBPETokenizer
-from .validation import check_int
+from .validation import check_bool, check_int, check_type
 
 __all__ = ["INSTALL_COMMAND", "SMOLLM2_FILE", "NAME_TABLE", "smollm2_path",
            "open_smollm2", "rename", "config_from_gguf", "rope_permute",
@@ -240,11 +240,11 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
 
     Introduced in chapter 13.
     """
+    check_type("gguf", gguf, GGUFFile, "a GGUFFile (e.g. open_smollm2())")
     if rope not in ("hf", "gguf"):
         raise ValueError(f"rope must be 'hf' or 'gguf', got {rope!r}")
-    for name, flag in (("fused", fused), ("column_major", column_major)):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be a bool, got {flag!r}")
+    check_bool("fused", fused)
+    check_bool("column_major", column_major)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got "
                          f"{dtype!r}")

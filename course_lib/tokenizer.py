@@ -54,6 +54,10 @@ class ByteLevelBPETokenizer:
             raise ValueError(f"token_types must be a list of "
                              f"{len(tokens)} ints (one per token), got "
                              f"{len(token_types) if isinstance(token_types, list) else type(token_types).__name__}")
+        if not isinstance(merges, list) or \
+                not all(isinstance(m, str) for m in merges):
+            raise TypeError("merges must be a list of 'a b' strings, got "
+                            f"{type(merges).__name__}")
         if pre not in ("smollm", "gpt2"):
             raise ValueError(f"pre must be 'smollm' or 'gpt2', got {pre!r}")
         for name, i in (("bos_id", bos_id), ("eos_id", eos_id),

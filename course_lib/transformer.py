@@ -30,7 +30,8 @@ from .masking import causal_mask, combine_masks, padding_mask
 from .mha import mha_param_count
 from .positional import sinusoidal_encoding
 from .threads import small_ops
-from .validation import check_dropout, check_int, check_token_ids
+from .validation import (check_dropout, check_int, check_token_ids,
+                         check_type)
 
 __all__ = ["TransformerConfig", "Transformer", "greedy_decode",
            "transformer_param_count"]
@@ -69,6 +70,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
+        check_type("config", config, TransformerConfig, "a TransformerConfig")
         c = self.config = config
         if c.share_src_tgt_embeddings and c.src_vocab_size != c.tgt_vocab_size:
             raise ValueError(
@@ -211,6 +213,7 @@ def transformer_param_count(config: TransformerConfig) -> int:
 
     Introduced in chapter 6.
     """
+    check_type("config", config, TransformerConfig, "a TransformerConfig")
     c = config
     D = c.d_model
     attn = mha_param_count(d_model=D, n_heads=c.n_heads, bias=True)

@@ -1,8 +1,9 @@
 """Argument checks shared by every course_lib module.
 
 Public functions reject bad input with a ``ValueError`` that names the
-argument, the value received and what was expected. These helpers write
-those messages the same way everywhere.
+argument, the value received and what was expected, and an argument of
+the wrong type with a ``TypeError`` (:func:`check_type`). These helpers
+write those messages the same way everywhere.
 
 Introduced in chapter 2.
 """
@@ -13,9 +14,25 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["check_int", "check_real", "check_top_k", "check_dropout",
-           "check_lengths", "check_bool_mask", "check_ids", "check_token_ids",
-           "config_field", "broadcasts_to"]
+__all__ = ["check_type", "check_bool", "check_int", "check_real", "check_top_k",
+           "check_dropout", "check_lengths", "check_bool_mask", "check_ids",
+           "check_token_ids", "config_field", "broadcasts_to"]
+
+
+def check_type(name: str, value, expected, what: str) -> None:
+    """``value`` must be an instance of ``expected`` (a type or a tuple of
+    types), else a ``TypeError`` naming the argument: a wrong type fails
+    at the call, not as an ``AttributeError`` deep inside. ``what``
+    describes the expected type for the message ("a torch.Tensor")."""
+    if not isinstance(value, expected):
+        raise TypeError(f"{name} must be {what}, got "
+                        f"{type(value).__name__}")
+
+
+def check_bool(name: str, value) -> None:
+    """``value`` must be a bool (a flag), not an int or a string."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
 
 
 def check_int(name: str, value, *, minimum: int) -> None:
