@@ -48,8 +48,9 @@ YARN_KEYS = ("type", "factor", "original_max_position_embeddings",
 
 def check_rope_scaling(name: str, value) -> dict | None:
     """``value`` must be None or a dict with exactly :data:`YARN_KEYS`,
-    ``type`` "yarn", ``factor`` >= 1, ``beta_fast`` > ``beta_slow`` > 0
-    and positive ``mscale``, ``mscale_all_dim``. Returns a copy."""
+    ``type`` "yarn", ``factor`` >= 1, ``beta_fast`` >= ``beta_slow`` > 0
+    (Kimi K2 sets both to 1) and positive ``mscale``, ``mscale_all_dim``.
+    Returns a copy."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -68,8 +69,8 @@ def check_rope_scaling(name: str, value) -> dict | None:
               value["original_max_position_embeddings"], minimum=1)
     for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
         check_real(f"{name}[{key!r}]", value[key], positive=True)
-    if value["beta_fast"] <= value["beta_slow"]:
-        raise ValueError(f"{name}['beta_fast'] must be > beta_slow="
+    if value["beta_fast"] < value["beta_slow"]:
+        raise ValueError(f"{name}['beta_fast'] must be >= beta_slow="
                          f"{value['beta_slow']} (turns of the fastest "
                          f"corrected pair), got {value['beta_fast']}")
     return dict(value)

@@ -24,12 +24,12 @@ DIMS = dict(hidden_size=48, num_attention_heads=4, kv_lora_rank=32,
 
 
 def pair(q_lora_rank=24, ours_interleave=True, ref_interleave=True,
-         rope_scaling=None, dims=DIMS):
+         rope_scaling=None, dims=DIMS, rope_theta=10000.0):
     """(ours, reference, rotary embedding) with identical weights."""
     torch.manual_seed(123)
     ours = MultiHeadLatentAttention(MLAConfig(
         **dims, q_lora_rank=q_lora_rank, rope_interleave=ours_interleave,
-        rope_scaling=rope_scaling))
+        rope_scaling=rope_scaling, rope_theta=rope_theta))
     with torch.no_grad():
         for name, p in ours.named_parameters():
             if "layernorm" in name:
@@ -40,7 +40,7 @@ def pair(q_lora_rank=24, ours_interleave=True, ref_interleave=True,
     hc = transformers.DeepseekV3Config(
         **dims, q_lora_rank=q_lora_rank, num_key_value_heads=4,
         head_dim=dims["qk_rope_head_dim"],  # RoPE acts on d_r dims
-        rope_interleave=ref_interleave, **extra)
+        rope_interleave=ref_interleave, rope_theta=rope_theta, **extra)
     hc._attn_implementation = "eager"
     ref = ds.DeepseekV3Attention(hc, layer_idx=0).eval()
     ref.load_state_dict(ours.state_dict())                # strict: same keys
@@ -128,15 +128,21 @@ V3_YARN = deepseek_yarn(mscale=1.0)          # the released rope_scaling
 YDIMS = dict(DIMS, qk_rope_head_dim=16)
 
 
-@pytest.mark.parametrize("d_r, rope_scaling", [
-    (64, V3_YARN),                                   # DeepSeek-V3
-    (64, dict(V3_YARN, mscale=0.707, mscale_all_dim=0.707)),   # V2
-    (16, V3_YARN),
-    (16, dict(V3_YARN, original_max_position_embeddings=64, mscale=2.0))])
-def test_yarn_frequencies_and_scales_equal_reference(d_r, rope_scaling):
-    ours, ref, rot = pair(rope_scaling=rope_scaling,
+K2_YARN = dict(V3_YARN, factor=32, beta_fast=1.0, beta_slow=1.0)  # Kimi K2
+
+
+@pytest.mark.parametrize("d_r, rope_scaling, base", [
+    (64, V3_YARN, 10000.0),                                # DeepSeek-V3
+    (64, dict(V3_YARN, mscale=0.707, mscale_all_dim=0.707), 10000.0),  # V2
+    (64, K2_YARN, 50000.0),                                # Kimi K2
+    (16, V3_YARN, 10000.0),
+    (16, dict(V3_YARN, original_max_position_embeddings=64, mscale=2.0),
+     10000.0)])
+def test_yarn_frequencies_and_scales_equal_reference(d_r, rope_scaling,
+                                                     base):
+    ours, ref, rot = pair(rope_scaling=rope_scaling, rope_theta=base,
                           dims=dict(DIMS, qk_rope_head_dim=d_r))
-    w = yarn_frequencies(d_r, base=10000.0, **rope_scaling)
+    w = yarn_frequencies(d_r, base=base, **rope_scaling)
     # transformers computes in float32: equal to float32 rounding
     assert torch.allclose(rot.inv_freq.double(), w, rtol=3e-7, atol=0)
     assert ref.scaling == pytest.approx(ours.scale, rel=1e-12)

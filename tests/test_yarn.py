@@ -39,7 +39,8 @@ def loop_frequencies(d, base, s, L, beta_fast, beta_slow):
 
 @pytest.mark.parametrize("d, base, s, L, bf, bs", [
     (64, 10000.0, 40, 4096, 32, 1),        # DeepSeek-V3
-    (64, 50000.0, 32, 4096, 32, 1),        # Kimi K2's base and factor
+    (64, 50000.0, 32, 4096, 1, 1),         # Kimi K2: equal betas
+    (64, 10000.0, 40, 2 * math.pi * 10000 ** (20 / 64), 1, 1),  # low=high
     (16, 10000.0, 4, 64, 32, 1),
     (128, 500000.0, 8, 8192, 32, 1)])
 def test_closed_form_equals_loop(d, base, s, L, bf, bs):
@@ -115,7 +116,7 @@ def test_yarn_rope_is_relative():
     (dict(V3, beta_slow=0), r"rope_scaling\['beta_slow'\] must be > 0"),
     (dict(V3, mscale=-1.0), r"rope_scaling\['mscale'\] must be > 0"),
     (dict(V3, beta_fast=1, beta_slow=32),
-     r"rope_scaling\['beta_fast'\] must be > beta_slow=32"),
+     r"rope_scaling\['beta_fast'\] must be >= beta_slow=32"),
 ])
 def test_check_rope_scaling_rejects(value, match):
     with pytest.raises(ValueError, match=match):
