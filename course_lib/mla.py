@@ -17,7 +17,9 @@ u_t = W^O [o_{t,1}; \dots; o_{t,H}].$$
 
 With YaRN ``rope_scaling`` (DeepSeek-V3's 128K context) RoPE uses
 corrected frequencies and the scale is multiplied by $m^2 \approx 1.874$
-(:mod:`course_lib.yarn`). Only $c^{KV}_t$ and $k^R_t$ are cached: $d_c + d_h^R$ numbers per token
+(:mod:`course_lib.yarn`).
+
+Only $c^{KV}_t$ and $k^R_t$ are cached: $d_c + d_h^R$ numbers per token
 and layer (576 in DeepSeek-V3, against $2 \cdot 128 \cdot 128 = 32768$
 for multi-head attention with the same heads). Because
 $q^C \cdot (W^{UK} c) = (W^{UK\top} q^C) \cdot c$, the key up-projection

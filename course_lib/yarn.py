@@ -91,6 +91,10 @@ def yarn_correction_range(d: int, *, base: float, beta_fast: float,
     """
     check_int("d", d, minimum=2)
     check_real("base", base, minimum=1.0000001)
+    for name, v in (("beta_fast", beta_fast), ("beta_slow", beta_slow),
+                    ("original_max_position_embeddings",
+                     original_max_position_embeddings)):
+        check_real(name, v, positive=True)
     L = original_max_position_embeddings
 
     def pair(turns: float) -> float:

@@ -131,6 +131,8 @@ def test_bad_inputs():
         yarn_frequencies(7, base=10000.0, **V3)
     with pytest.raises(ValueError, match="base must be >= 1"):
         yarn_frequencies(8, base=1.0, **V3)
+    with pytest.raises(ValueError, match="beta_slow must be > 0, got -1"):
+        yarn_frequencies(8, base=10000.0, **dict(V3, beta_slow=-1))
     with pytest.raises(ValueError, match="rope_scaling must be a dict"):
         yarn_scales(None)
     w = frequencies(8)
