@@ -46,6 +46,8 @@ Part IV, inference and scale
 - ``decoding``: cached generation, prefix reuse, prefill vs decode cost
   (chapter 9)
 - ``mla``: multi-head latent attention, explicit and absorbed (chapter 10)
+- ``yarn``: YaRN, the RoPE frequency correction and softmax scale of
+  DeepSeek-V3's 128K context (chapter 10)
 - ``routing``, ``moe``: top-k and DeepSeek-V3 routers, load balancing, and
   the mixture-of-experts layer (chapter 11)
 - ``model_configs``, ``params``, ``build``: published configurations,

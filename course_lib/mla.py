@@ -15,6 +15,10 @@ $$o_{t,i} = \sum_{j \le t} \mathrm{softmax}_j\Big(
 {\sqrt{d_h + d_h^R}}\Big)\, v^C_{j,i}, \qquad
 u_t = W^O [o_{t,1}; \dots; o_{t,H}].$$
 
+With YaRN ``rope_scaling`` (DeepSeek-V3's 128K context) RoPE uses
+corrected frequencies and the scale is multiplied by $m^2 \approx 1.874$
+(:mod:`course_lib.yarn`).
+
 Only $c^{KV}_t$ and $k^R_t$ are cached: $d_c + d_h^R$ numbers per token
 and layer (576 in DeepSeek-V3, against $2 \cdot 128 \cdot 128 = 32768$
 for multi-head attention with the same heads). Because
@@ -49,8 +53,10 @@ from .layers import RMSNorm
 from .mha import mask_to_4d, query_positions
 from .positional import apply_rope
 from .validation import check_int, check_real
+from .yarn import check_rope_scaling, yarn_frequencies, yarn_rope, yarn_scales
 
-__all__ = ["MLAConfig", "MultiHeadLatentAttention", "mla_param_count"]
+__all__ = ["MLAConfig", "MultiHeadLatentAttention", "mla_param_count",
+           "deepseek_yarn"]
 
 
 @dataclass
@@ -64,11 +70,12 @@ class MLAConfig:
     checkpoints and of Hugging Face's ``rope_interleave=True``; the
     rotate-half pairing gives different scores with the same weights.
 
-    The released DeepSeek-V3 also sets YaRN ``rope_scaling`` (factor 40,
-    ``mscale_all_dim`` 1) to reach a 128K context. That is not
-    implemented here: it changes the RoPE frequencies and multiplies the
-    softmax scale by $\mathrm{mscale}^2 = (1 + 0.1 \ln 40)^2 \approx
-    1.87$, but no weight or shape of the architecture.
+    ``rope_scaling`` is None (plain RoPE) or the YaRN dict of the
+    released ``config.json``, same keys and meaning (see
+    :mod:`course_lib.yarn`): DeepSeek-V3's (factor 40, 4096 original
+    positions, ``mscale`` = ``mscale_all_dim`` = 1) corrects the slow RoPE
+    frequencies and multiplies the softmax scale by $(1 + 0.1 \ln 40)^2
+    \approx 1.874$. It changes no weight or shape.
 
     Introduced in chapter 10.
     """
@@ -83,11 +90,15 @@ class MLAConfig:
     rms_norm_eps: float = 1e-6      # epsilon of both latent RMSNorms
     attention_bias: bool = False    # bias on q_a, kv_a and o (not b) projs
     rope_interleave: bool = True    # RoPE pairs (2i, 2i+1), as released
+    rope_scaling: dict | None = None  # YaRN keys of config.json; None: off
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name == "q_lora_rank" and v is None:
+                continue
+            if f.name == "rope_scaling":
+                self.rope_scaling = check_rope_scaling(f.name, v)
                 continue
             if f.name in ("rope_theta", "rms_norm_eps"):
                 check_real(f.name, v, positive=True)
@@ -108,23 +119,37 @@ class MLAConfig:
     @classmethod
     def deepseek_v3(cls, **overrides) -> "MLAConfig":
         """DeepSeek-V3 (and R1): 7168 wide, 128 heads, $r_q = 1536$,
-        $d_c = 512$, $d_h = 128$, $d_h^R = 64$, $d_v = 128$."""
+        $d_c = 512$, $d_h = 128$, $d_h^R = 64$, $d_v = 128$, and the
+        released YaRN ``rope_scaling``."""
         return cls(**{**dict(hidden_size=7168, num_attention_heads=128,
                              q_lora_rank=1536, kv_lora_rank=512,
                              qk_nope_head_dim=128, qk_rope_head_dim=64,
-                             v_head_dim=128), **overrides})
+                             v_head_dim=128,
+                             rope_scaling=deepseek_yarn(mscale=1.0)),
+                      **overrides})
 
     @classmethod
     def deepseek_v2(cls, **overrides) -> "MLAConfig":
-        """DeepSeek-V2: as V3 but 5120 wide."""
-        return cls.deepseek_v3(**{"hidden_size": 5120, **overrides})
+        """DeepSeek-V2: as V3 but 5120 wide, YaRN ``mscale`` 0.707."""
+        return cls.deepseek_v3(**{"hidden_size": 5120, "rope_scaling":
+                                  deepseek_yarn(mscale=0.707), **overrides})
 
     @classmethod
     def deepseek_v2_lite(cls, **overrides) -> "MLAConfig":
         """DeepSeek-V2-Lite: 2048 wide, 16 heads, full-rank queries."""
-        return cls.deepseek_v3(**{"hidden_size": 2048,
+        return cls.deepseek_v2(**{"hidden_size": 2048,
                                   "num_attention_heads": 16,
                                   "q_lora_rank": None, **overrides})
+
+
+def deepseek_yarn(*, mscale: float) -> dict:
+    """The ``rope_scaling`` of DeepSeek's config.json files (V2 and
+    V2-Lite: ``mscale`` 0.707; V3: 1.0): 4K pretraining extended 40-fold.
+    """
+    return {"type": "yarn", "factor": 40,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1,
+            "mscale": mscale, "mscale_all_dim": mscale}
 
 
 def mla_param_count(config) -> int:
@@ -213,11 +238,24 @@ class MultiHeadLatentAttention(nn.Module):
         self.o_proj = nn.Linear(H * c.v_head_dim, D, bias=bias)  # W^O
         # 1 / sqrt(d_h + d_h^R): the width of the concatenated q.k
         self.scale = c.qk_head_dim ** -0.5
+        self.omega = None                   # plain RoPE: apply_rope
+        if c.rope_scaling is not None:
+            # YaRN: corrected frequencies w'_i (float64, not a buffer, so
+            # .float() or .half() cannot round them), cos/sin factor and
+            # softmax scale x m(s, mscale_all_dim)^2
+            self.omega = yarn_frequencies(
+                c.qk_rope_head_dim, base=c.rope_theta, **c.rope_scaling)
+            self.rope_factor, softmax_factor = yarn_scales(c.rope_scaling)
+            self.scale *= softmax_factor
 
     def extra_repr(self) -> str:
         return f"absorb={self.absorb}"
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor):
+        if self.omega is not None:                        # YaRN
+            return yarn_rope(x, positions, self.omega,
+                             interleaved=self.config.rope_interleave,
+                             rope_factor=self.rope_factor)
         return apply_rope(x, positions, base=self.config.rope_theta,
                           interleaved=self.config.rope_interleave)
 

@@ -3,6 +3,7 @@
 The comparison with Hugging Face's DeepseekV3Attention is in
 test_mla_reference.py (it imports transformers, which is slow)."""
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -52,6 +53,26 @@ def test_presets_are_the_published_values():
             lite.q_lora_rank) == (2048, 16, None)
     assert MLAConfig.deepseek_v3(num_attention_heads=64) \
         .num_attention_heads == 64
+    # YaRN rope_scaling exactly as in the released config.json files
+    assert v3.rope_scaling == {
+        "type": "yarn", "factor": 40, "original_max_position_embeddings":
+        4096, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+        "mscale_all_dim": 1.0}
+    assert MLAConfig.deepseek_v2().rope_scaling == \
+        lite.rope_scaling == dict(v3.rope_scaling, mscale=0.707,
+                                  mscale_all_dim=0.707)
+    assert MLAConfig().rope_scaling is None               # plain RoPE
+
+
+def test_yarn_scale_and_plain_default():
+    v3 = MLAConfig.deepseek_v3()
+    with torch.device("meta"):
+        m = MultiHeadLatentAttention(v3)
+        plain = MultiHeadLatentAttention(replace(v3, rope_scaling=None))
+    assert plain.scale == 192 ** -0.5 and plain.omega is None
+    assert m.scale == pytest.approx(192 ** -0.5 * (1 + 0.1 * math.log(40))
+                                    ** 2, rel=1e-14)
+    assert m.omega.dtype == torch.float64 and m.omega.shape == (32,)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -62,6 +83,11 @@ def test_presets_are_the_published_values():
     (dict(rope_theta=-1.0), "rope_theta must be > 0"),
     (dict(rms_norm_eps=0.0), "rms_norm_eps must be > 0"),
     (dict(attention_bias=1), "attention_bias must be a bool"),
+    (dict(rope_scaling={"type": "yarn"}), r"rope_scaling must have "
+     r"exactly the keys .* missing \['factor'"),
+    (dict(rope_scaling=dict(MLAConfig.deepseek_v3().rope_scaling,
+                            factor=0)),
+     r"rope_scaling\['factor'\] must be >= 1, got 0"),
 ])
 def test_config_rejects_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -360,3 +386,32 @@ def test_bad_inputs():
         m(x[:, :2], cache=cache)
     with pytest.raises(ValueError, match="batch size 1 does not match"):
         m(x[:1, :1], cache=cache)
+
+
+# ----------------------------------------------------------------- YaRN
+YARN = dict(MLAConfig.deepseek_v3().rope_scaling,
+            original_max_position_embeddings=64)  # ramp inside d_r = 6
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_yarn_paths_agree_and_cache_decodes(absorb):
+    m = make(tiny(rope_scaling=YARN), absorb=absorb)
+    torch.manual_seed(123)
+    x = torch.randn(2, 9, 48)
+    pos = torch.arange(9) + 150_000                       # far beyond 64
+    full = m(x, causal_mask(9), positions=pos, absorb=False)
+    assert torch.allclose(m(x, causal_mask(9), positions=pos, absorb=True),
+                          full, atol=ATOL)
+    # a cache starts at position 0 (YaRN changes the slow pairs there too)
+    full0 = m(x, causal_mask(9), absorb=False)
+    cache = LayerKVCache()
+    out = [m(x[:, :4], causal_mask(4), cache=cache)]
+    for t in range(4, 9):
+        out.append(m(x[:, t:t + 1], causal_mask(1, t + 1), cache=cache))
+    assert torch.allclose(torch.cat(out, 1), full0, atol=ATOL)
+    # YaRN changes the output; shifting every position still does not
+    plain = make(tiny(), absorb=absorb)
+    assert not torch.allclose(plain(x, causal_mask(9), positions=pos), full,
+                              atol=1e-3)
+    shifted = m(x, causal_mask(9), positions=pos - 149_990)
+    assert torch.allclose(shifted, full, atol=1e-4)

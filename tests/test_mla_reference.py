@@ -2,7 +2,8 @@
 reference; transformers is never imported by course_lib).
 
 Same state_dict keys (so released weights load by name), same outputs with
-copied weights, also at positions > 0 and through a cache."""
+copied weights, also at positions > 0, through a cache, and with the
+released YaRN rope_scaling at short and long positions."""
 import pytest
 import torch
 
@@ -12,36 +13,51 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds  # noqa
 
 from course_lib.masking import causal_mask  # noqa: E402
 from course_lib.kv_cache import LayerKVCache  # noqa: E402
-from course_lib.mla import MLAConfig, MultiHeadLatentAttention  # noqa: E402
+from course_lib.mla import (MLAConfig, MultiHeadLatentAttention,  # noqa
+                            deepseek_yarn)
 from course_lib.positional import rope_permutation  # noqa: E402
+from course_lib.yarn import yarn_frequencies  # noqa: E402
 
 ATOL = 1e-5
 DIMS = dict(hidden_size=48, num_attention_heads=4, kv_lora_rank=32,
             qk_nope_head_dim=8, qk_rope_head_dim=6, v_head_dim=10)
 
 
-def pair(q_lora_rank=24, ours_interleave=True, ref_interleave=True):
+def pair(q_lora_rank=24, ours_interleave=True, ref_interleave=True,
+         rope_scaling=None, dims=DIMS, rope_theta=10000.0):
     """(ours, reference, rotary embedding) with identical weights."""
     torch.manual_seed(123)
     ours = MultiHeadLatentAttention(MLAConfig(
-        **DIMS, q_lora_rank=q_lora_rank, rope_interleave=ours_interleave))
+        **dims, q_lora_rank=q_lora_rank, rope_interleave=ours_interleave,
+        rope_scaling=rope_scaling, rope_theta=rope_theta))
     with torch.no_grad():
         for name, p in ours.named_parameters():
             if "layernorm" in name:
                 p.uniform_(0.5, 1.5)
+    extra = {} if rope_scaling is None else dict(
+        rope_scaling=dict(rope_scaling),   # transformers' own copy
+        max_position_embeddings=4096 * 40)
     hc = transformers.DeepseekV3Config(
-        **DIMS, q_lora_rank=q_lora_rank, num_key_value_heads=4,
-        head_dim=DIMS["qk_rope_head_dim"],  # RoPE acts on d_r dims
-        rope_interleave=ref_interleave)
+        **dims, q_lora_rank=q_lora_rank, num_key_value_heads=4,
+        head_dim=dims["qk_rope_head_dim"],  # RoPE acts on d_r dims
+        rope_interleave=ref_interleave, rope_theta=rope_theta, **extra)
     hc._attn_implementation = "eager"
     ref = ds.DeepseekV3Attention(hc, layer_idx=0).eval()
     ref.load_state_dict(ours.state_dict())                # strict: same keys
     return ours, ref, ds.DeepseekV3RotaryEmbedding(hc)
 
 
-def ref_forward(ref, rot, x, positions, cache=None):
+def ref_forward(ref, rot, x, positions, cache=None, omega=None):
+    """transformers' layer; cos/sin from its rotary embedding (float32
+    angles), or from frequencies ``omega`` with float64 angles."""
     B, T, _ = x.shape
-    cos, sin = rot(x, positions[None].expand(B, -1))
+    if omega is None:
+        cos, sin = rot(x, positions[None].expand(B, -1))
+    else:
+        angle = positions.double()[:, None] * omega       # (T, d_r/2)
+        emb = torch.cat([angle, angle], -1)               # HF layout
+        cos, sin = (f(emb).float()[None].expand(B, -1, -1)
+                    * rot.attention_scaling for f in (torch.cos, torch.sin))
     S = T + (cache.get_seq_length() if cache is not None else 0)
     additive = torch.zeros(T, S).masked_fill(~causal_mask(T, S),
                                              float("-inf"))
@@ -104,3 +120,84 @@ def test_cache_contents_and_decode_match_reference():
     # Same rotated k^R; HF stores it de-interleaved (evens, then odds).
     perm = rope_permutation(6)
     assert torch.allclose(k_rope[..., perm], rope_ref, atol=1e-6)
+
+
+# ------------------------------------------------------------------ YaRN
+V3_YARN = deepseek_yarn(mscale=1.0)          # the released rope_scaling
+# d_r = 16 (8 pairs) so that the YaRN ramp has pairs on both sides
+YDIMS = dict(DIMS, qk_rope_head_dim=16)
+
+
+K2_YARN = dict(V3_YARN, factor=32, beta_fast=1.0, beta_slow=1.0)  # Kimi K2
+
+
+@pytest.mark.parametrize("d_r, rope_scaling, base", [
+    (64, V3_YARN, 10000.0),                                # DeepSeek-V3
+    (64, dict(V3_YARN, mscale=0.707, mscale_all_dim=0.707), 10000.0),  # V2
+    (64, K2_YARN, 50000.0),                                # Kimi K2
+    (16, V3_YARN, 10000.0),
+    (16, dict(V3_YARN, original_max_position_embeddings=64, mscale=2.0),
+     10000.0)])
+def test_yarn_frequencies_and_scales_equal_reference(d_r, rope_scaling,
+                                                     base):
+    ours, ref, rot = pair(rope_scaling=rope_scaling, rope_theta=base,
+                          dims=dict(DIMS, qk_rope_head_dim=d_r))
+    w = yarn_frequencies(d_r, base=base, **rope_scaling)
+    # transformers computes in float32: equal to float32 rounding
+    assert torch.allclose(rot.inv_freq.double(), w, rtol=3e-7, atol=0)
+    assert ref.scaling == pytest.approx(ours.scale, rel=1e-12)
+    assert rot.attention_scaling == pytest.approx(ours.rope_factor,
+                                                  rel=1e-12)
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+@pytest.mark.parametrize("start", [0, 11, 4090, 5000])
+def test_yarn_equals_reference(absorb, start):
+    # transformers' whole pipeline, its float32 rotary embedding included:
+    # positions up to 5K (beyond the 4K of pretraining) agree to 1e-5.
+    ours, ref, rot = pair(rope_scaling=V3_YARN, dims=YDIMS)
+    torch.manual_seed(123)
+    x = torch.randn(2, 7, 48)
+    pos = torch.arange(7) + start
+    with torch.no_grad():
+        want = ref_forward(ref, rot, x, pos)
+        got = ours(x, causal_mask(7), positions=pos, absorb=absorb)
+        plain = pair(dims=YDIMS)[0](x, causal_mask(7), positions=pos)
+    assert torch.allclose(got, want, atol=ATOL)
+    assert not torch.allclose(plain, want, atol=1e-2)     # YaRN matters
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+@pytest.mark.parametrize("start", [40_000, 163_840 - 7, 1_000_000])
+def test_yarn_equals_reference_at_long_positions(absorb, start):
+    # At 1e5 positions float32 angles (transformers' rotary embedding and
+    # DeepSeek's code alike) are off by up to ~1e-2 rad. The layer itself
+    # is compared with float64 angles of frequencies that equal
+    # transformers' own to float32 rounding (test above).
+    ours, ref, rot = pair(rope_scaling=V3_YARN, dims=YDIMS)
+    torch.manual_seed(123)
+    x = torch.randn(2, 7, 48)
+    pos = torch.arange(7) + start
+    with torch.no_grad():
+        want = ref_forward(ref, rot, x, pos, omega=ours.omega)
+        got = ours(x, causal_mask(7), positions=pos, absorb=absorb)
+        f32 = ref_forward(ref, rot, x, pos)               # float32 angles
+    assert torch.allclose(got, want, atol=ATOL)
+    assert (got - f32).abs().max() < 5e-3
+
+
+def test_yarn_cache_decode_matches_reference():
+    ours, ref, rot = pair(rope_scaling=V3_YARN, dims=YDIMS)
+    torch.manual_seed(123)
+    x = torch.randn(2, 6, 48)
+    mine, theirs = LayerKVCache(), DynamicCache()
+    with torch.no_grad():
+        for lo, hi in ((0, 4), (4, 5), (5, 6)):           # prefill, decode
+            pos = torch.arange(lo, hi)
+            want = ref_forward(ref, rot, x[:, lo:hi], pos, cache=theirs)
+            got = ours(x[:, lo:hi], causal_mask(hi - lo, hi), cache=mine,
+                       absorb=True)
+            assert torch.allclose(got, want, atol=ATOL)
+    perm = rope_permutation(16)                           # same rotated k^R
+    assert torch.allclose(mine.tensors[1][..., perm],
+                          theirs.layers[0].values, atol=1e-6)
