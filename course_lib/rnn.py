@@ -27,7 +27,8 @@ from .timing import best_time
 from .validation import check_int, check_real
 
 __all__ = ["SimpleRNN", "set_recurrent_scale", "gradient_norm_vs_distance",
-           "TimingResult", "time_recurrence_vs_attention", "PATH_KINDS",
+           "TimingResult", "recurrence_and_attention", "matmul_flops",
+           "time_recurrence_vs_attention", "PATH_KINDS",
            "max_path_length", "draw_seq2seq"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda z: z}
@@ -211,24 +212,66 @@ def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
     results = []
     for T in lengths:
         x = torch.randn(batch, T, d_model, generator=g)  # (B, T, D)
-
-        @small_ops()  # T tiny steps: one thread, see course_lib.threads
-        def recurrence() -> torch.Tensor:
-            xw = x @ w_ih.T  # (B, T, D), parallel over t
-            h = x.new_zeros(batch, d_model)  # (B, D)
-            for t in range(T):  # T dependent steps
-                h = torch.tanh(xw[:, t] + h @ w_hh.T)  # (B, D)
-            return h
-
-        def attention() -> torch.Tensor:
-            q, k, v = (x @ w_qkv).split(d_model, dim=-1)  # 3 x (B, T, D)
-            scores = q @ k.transpose(1, 2) / math.sqrt(d_model)  # (B, T, T)
-            return torch.softmax(scores, dim=-1) @ v  # (B, T, D)
-
+        recurrence, attention = recurrence_and_attention(x, w_ih, w_hh, w_qkv)
         with torch.inference_mode():
             results.append(TimingResult(T, best_time(recurrence, repeats),
                                         best_time(attention, repeats)))
     return results
+
+
+def recurrence_and_attention(x: torch.Tensor, w_ih: torch.Tensor,
+                             w_hh: torch.Tensor, w_qkv: torch.Tensor):
+    r"""The two computations that :func:`time_recurrence_vs_attention` times.
+
+    Args:
+        x: inputs (B, T, D).
+        w_ih, w_hh: (D, D) recurrence weights; w_qkv: (D, 3D) projections.
+
+    Returns:
+        ``(recurrence, attention)``, two functions without arguments: the
+        first returns $h_T$ (B, D) after $T$ dependent steps, the second
+        $\mathrm{softmax}(QK^\top/\sqrt{D})V$ (B, T, D).
+
+    Introduced in chapter 1.
+    """
+    batch, T, d_model = x.shape
+
+    @small_ops()  # T tiny steps: one thread, see course_lib.threads
+    def recurrence() -> torch.Tensor:
+        xw = x @ w_ih.T  # (B, T, D), parallel over t
+        h = x.new_zeros(batch, d_model)  # (B, D)
+        for t in range(T):  # T dependent steps
+            h = torch.tanh(xw[:, t] + h @ w_hh.T)  # (B, D)
+        return h
+
+    def attention() -> torch.Tensor:
+        q, k, v = (x @ w_qkv).split(d_model, dim=-1)  # 3 x (B, T, D)
+        scores = q @ k.transpose(1, 2) / math.sqrt(d_model)  # (B, T, T)
+        return torch.softmax(scores, dim=-1) @ v  # (B, T, D)
+
+    return recurrence, attention
+
+
+def matmul_flops(length: int, *, d_model: int = 64,
+                 batch: int = 8) -> tuple[int, int]:
+    r"""Matmul FLOPs (2 per multiply-add) of :func:`recurrence_and_attention`.
+
+    Recurrence: the input projection $2BTD^2$ plus $T$ steps of
+    $h W_{hh}^\top$, $2BD^2$ each: $4BTD^2$. Attention: the Q, K, V
+    projection $6BTD^2$ plus $QK^\top$ and $AV$, $2BT^2D$ each:
+    $6BTD^2 + 4BT^2D$. With the projections counted, attention does more
+    arithmetic at every length; without them, once $T > D$.
+
+    Returns:
+        ``(recurrence_flops, attention_flops)``.
+
+    Introduced in chapter 1.
+    """
+    check_int("length", length, minimum=1)
+    check_int("d_model", d_model, minimum=1)
+    check_int("batch", batch, minimum=1)
+    B, T, D = batch, length, d_model
+    return 4 * B * T * D * D, 6 * B * T * D * D + 4 * B * T * T * D
 
 
 PATH_KINDS = ("rnn", "cnn", "dilated_cnn", "restricted_attention", "attention")
