@@ -331,17 +331,21 @@ def max_path_length(kind: str, length: int, *, kernel_size: int = 3) -> int:
     raise RuntimeError("unreachable")  # every graph here is connected
 
 
-def draw_seq2seq(ax, source: list[str], target: list[str]) -> None:
+def draw_seq2seq(ax, source: list[str], target: list[str], *,
+                 attention: bool = False) -> None:
     """Draw an RNN encoder-decoder translating ``source`` into ``target``.
 
     Encoder states $h_1..h_n$ read the source left to right; the last one is
     the fixed-size context $c$, the only thing the decoder sees of the
     source; decoder states $s_1..s_m$ each read the previous output.
     Arrows are dependencies, so the longest chain has $n + m$ steps.
+    With ``attention=True`` (Bahdanau et al.) the last state only starts
+    the decoder, and every decoder step also reads every $h_i$ (orange).
 
     Args:
         ax: a matplotlib Axes to draw into.
         source, target: token strings (ASCII; plain matplotlib fonts).
+        attention: draw the attention version instead of the bottleneck.
 
     Introduced in chapter 1.
     """
@@ -368,10 +372,15 @@ def draw_seq2seq(ax, source: list[str], target: list[str]) -> None:
         link(x, -1.05, x, -0.3)
         if i:
             link(enc_x[i - 1] + 0.35, 0, x - 0.35, 0)
-    box(c_x, 0, "$c$", "#f4cccc")
-    link(enc_x[-1] + 0.35, 0, c_x - 0.3, 0, color="#cc0000", lw=2)
-    ax.text(c_x, 0.75, "fixed-size\nbottleneck", ha="center", fontsize=9,
-            color="#cc0000")
+    if attention:  # no single c: the last state only starts the decoder
+        link(enc_x[-1] + 0.35, 0, c_x + 1.25, 0)
+        ax.text(c_x, -0.75, "every step reads\nevery $h_i$", ha="center",
+                fontsize=9, color="#e69138")
+    else:
+        box(c_x, 0, "$c$", "#f4cccc")
+        link(enc_x[-1] + 0.35, 0, c_x - 0.3, 0, color="#cc0000", lw=2)
+        ax.text(c_x, 0.75, "fixed-size\nbottleneck", ha="center",
+                fontsize=9, color="#cc0000")
     inputs = ["<bos>"] + target[:-1]
     for j, (x, tok) in enumerate(zip(dec_x, target)):
         box(x, 0, f"$s_{j + 1}$", "#d9ead3")
@@ -379,13 +388,18 @@ def draw_seq2seq(ax, source: list[str], target: list[str]) -> None:
         box(x, 1.3, tok, "#fff2cc")
         link(x, -1.05, x, -0.3)
         link(x, 0.3, x, 1.05)
-        prev = c_x + 0.3 if j == 0 else dec_x[j - 1] + 0.35
-        link(prev, 0, x - 0.35, 0, **({"color": "#cc0000", "lw": 2}
-                                        if j == 0 else {}))
+        if attention:
+            for xi in enc_x:  # one weighted average of all h_i per step
+                link(xi, 0.3, x - 0.15, 0.3, color="#e69138", lw=0.7,
+                     alpha=0.7, connectionstyle="arc3,rad=-0.25")
+        if j or not attention:
+            prev = c_x + 0.3 if j == 0 else dec_x[j - 1] + 0.35
+            link(prev, 0, x - 0.35, 0, **({"color": "#cc0000", "lw": 2}
+                                            if j == 0 else {}))
         if j:  # each output is fed back as the next input
             link(dec_x[j - 1] + 0.2, 1.1, x - 0.2, -1.1, ls=":", color="0.6")
     ax.text(sum(enc_x) / n, -2.1, "encoder", ha="center", fontsize=11)
     ax.text(sum(dec_x) / m, -2.1, "decoder", ha="center", fontsize=11)
     ax.set_xlim(-0.8, dec_x[-1] + 0.8)
-    ax.set_ylim(-2.4, 1.9)
+    ax.set_ylim(-2.4, 2.6 if attention else 1.9)
     ax.axis("off")

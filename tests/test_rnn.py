@@ -301,3 +301,18 @@ def test_draw_seq2seq_draws_every_token():
     plt.close(fig)
     with pytest.raises(ValueError, match="source and target must be non-"):
         draw_seq2seq(ax, [], ["a"])
+
+
+def test_draw_seq2seq_attention_links_every_pair_and_drops_c():
+    arrows = {}
+    for attention in (False, True):
+        fig, ax = plt.subplots()
+        draw_seq2seq(ax, ["a", "b", "c"], ["x", "y"], attention=attention)
+        texts = [t.get_text() for t in ax.texts]
+        assert ("$c$" in texts) is not attention
+        arrows[attention] = sum(1 for t in ax.texts
+                                if getattr(t, "arrow_patch", None))
+        plt.close(fig)
+    # attention: + n*m orange links (3 * 2); h_n -> c -> s_1 (two links)
+    # becomes h_n -> s_1 (one)
+    assert arrows[True] == arrows[False] + 3 * 2 - 1
