@@ -18,7 +18,10 @@ Introduced in chapter 3.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -31,7 +34,8 @@ from .validation import (broadcasts_to, check_bool_mask, check_int,
 
 __all__ = ["scaled_dot_product_attention", "softmax_jacobian",
            "score_variance_mc", "saturation_stats", "SaturationStats",
-           "attention_weights_bytes", "time_attention", "AttentionTiming"]
+           "attention_weights_bytes", "time_attention", "AttentionTiming",
+           "profile_fused_attention"]
 
 
 # --------------------------------------------------------------- checks
@@ -181,13 +185,21 @@ def score_variance_mc(d_k: int, n_samples: int, *, sigma_q: float = 1.0,
 
 @dataclass
 class SaturationStats:
-    """Softmax statistics over random query rows (medians: heavy tails)."""
+    """Softmax statistics over random query rows.
+
+    The gradient is heavy-tailed without scaling (tiny in most rows, huge
+    in a few), so its median, mean, 99th percentile and maximum are all
+    kept: no single one tells the story.
+    """
     d_k: int
     max_weight: float      # mean of the largest weight in a row
     saturated: float       # fraction of rows whose largest weight > 0.99
     entropy: float         # mean entropy of a row, in nats
     jacobian_norm: float   # median Frobenius norm of diag(p) - p p^T
     grad_norm: float       # median |dL/dq| for L = g . out, g ~ N(0, I)
+    grad_mean: float = 0.0  # mean |dL/dq| over the rows
+    grad_p99: float = 0.0   # 99th percentile of |dL/dq|
+    grad_max: float = 0.0   # largest |dL/dq|
 
 
 def saturation_stats(d_k: int, *, n_keys: int = 16, n_rows: int = 500,
@@ -228,12 +240,15 @@ def saturation_stats(d_k: int, *, n_keys: int = 16, n_rows: int = 500,
     # H(p) = -sum_j p_j log p_j
     entropy = -(p * torch.log_softmax(scores, dim=-1)).sum(-1)  # (R,)
     top = p.max(-1).values                                      # (R,)
+    grad = grad_q.norm(dim=-1)                                  # (R,)
     return SaturationStats(
         d_k=d_k, max_weight=top.mean().item(),
         saturated=(top > 0.99).double().mean().item(),
         entropy=entropy.mean().item(),
         jacobian_norm=jac.flatten(1).norm(dim=-1).median().item(),
-        grad_norm=grad_q.norm(dim=-1).median().item())
+        grad_norm=grad.median().item(), grad_mean=grad.mean().item(),
+        grad_p99=torch.quantile(grad, 0.99).item(),
+        grad_max=grad.max().item())
 
 
 # ------------------------------------------------------------ the L x L cost
@@ -309,3 +324,46 @@ def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
                 q, k, v, mask, fused=f), repeats) for f in (False, True)]
         rows.append(AttentionTiming(L, *times, nbytes))
     return rows
+
+
+def profile_fused_attention(length: int, *, n_heads: int = 8,
+                            d_k: int = 64) -> tuple[list[str], int]:
+    r"""Which kernel torch's fused attention runs here, and what it allocates.
+
+    Runs ``F.scaled_dot_product_attention`` once on random (1, H, L, d_k)
+    tensors under ``torch.profiler`` with memory profiling.
+
+    Returns:
+        ``(kernels, allocated)``: the names of the attention ops called
+        (the dispatcher's choice, e.g. a flash-attention kernel) and the
+        bytes allocated during the call, output included (an upper bound
+        on its peak memory).
+
+    Introduced in chapter 3.
+    """
+    from torch.profiler import ProfilerActivity, profile
+    check_int("length", length, minimum=1)
+    check_int("n_heads", n_heads, minimum=1)
+    check_int("d_k", d_k, minimum=1)
+    q, k, v = torch.randn(3, 1, n_heads, length, d_k).unbind(0)  # (B,H,L,d)
+    with _quiet_fd2(), profile(activities=[ProfilerActivity.CPU],
+                               profile_memory=True) as prof:
+        F.scaled_dot_product_attention(q, k, v)
+    events = prof.key_averages()
+    kernels = sorted(e.key for e in events if "attention" in e.key)
+    return kernels, sum(max(e.self_cpu_memory_usage, 0) for e in events)
+
+
+@contextlib.contextmanager
+def _quiet_fd2():
+    """Silence file descriptor 2: the profiler's C++ backend writes status
+    lines (with timestamps) straight to it, bypassing ``sys.stderr``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)

@@ -27,7 +27,8 @@ from .timing import best_time
 from .validation import check_int, check_real
 
 __all__ = ["SimpleRNN", "set_recurrent_scale", "gradient_norm_vs_distance",
-           "TimingResult", "time_recurrence_vs_attention", "PATH_KINDS",
+           "TimingResult", "recurrence_and_attention", "matmul_flops",
+           "time_recurrence_vs_attention", "PATH_KINDS",
            "max_path_length", "draw_seq2seq"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda z: z}
@@ -211,24 +212,66 @@ def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
     results = []
     for T in lengths:
         x = torch.randn(batch, T, d_model, generator=g)  # (B, T, D)
-
-        @small_ops()  # T tiny steps: one thread, see course_lib.threads
-        def recurrence() -> torch.Tensor:
-            xw = x @ w_ih.T  # (B, T, D), parallel over t
-            h = x.new_zeros(batch, d_model)  # (B, D)
-            for t in range(T):  # T dependent steps
-                h = torch.tanh(xw[:, t] + h @ w_hh.T)  # (B, D)
-            return h
-
-        def attention() -> torch.Tensor:
-            q, k, v = (x @ w_qkv).split(d_model, dim=-1)  # 3 x (B, T, D)
-            scores = q @ k.transpose(1, 2) / math.sqrt(d_model)  # (B, T, T)
-            return torch.softmax(scores, dim=-1) @ v  # (B, T, D)
-
+        recurrence, attention = recurrence_and_attention(x, w_ih, w_hh, w_qkv)
         with torch.inference_mode():
             results.append(TimingResult(T, best_time(recurrence, repeats),
                                         best_time(attention, repeats)))
     return results
+
+
+def recurrence_and_attention(x: torch.Tensor, w_ih: torch.Tensor,
+                             w_hh: torch.Tensor, w_qkv: torch.Tensor):
+    r"""The two computations that :func:`time_recurrence_vs_attention` times.
+
+    Args:
+        x: inputs (B, T, D).
+        w_ih, w_hh: (D, D) recurrence weights; w_qkv: (D, 3D) projections.
+
+    Returns:
+        ``(recurrence, attention)``, two functions without arguments: the
+        first returns $h_T$ (B, D) after $T$ dependent steps, the second
+        $\mathrm{softmax}(QK^\top/\sqrt{D})V$ (B, T, D).
+
+    Introduced in chapter 1.
+    """
+    batch, T, d_model = x.shape
+
+    @small_ops()  # T tiny steps: one thread, see course_lib.threads
+    def recurrence() -> torch.Tensor:
+        xw = x @ w_ih.T  # (B, T, D), parallel over t
+        h = x.new_zeros(batch, d_model)  # (B, D)
+        for t in range(T):  # T dependent steps
+            h = torch.tanh(xw[:, t] + h @ w_hh.T)  # (B, D)
+        return h
+
+    def attention() -> torch.Tensor:
+        q, k, v = (x @ w_qkv).split(d_model, dim=-1)  # 3 x (B, T, D)
+        scores = q @ k.transpose(1, 2) / math.sqrt(d_model)  # (B, T, T)
+        return torch.softmax(scores, dim=-1) @ v  # (B, T, D)
+
+    return recurrence, attention
+
+
+def matmul_flops(length: int, *, d_model: int = 64,
+                 batch: int = 8) -> tuple[int, int]:
+    r"""Matmul FLOPs (2 per multiply-add) of :func:`recurrence_and_attention`.
+
+    Recurrence: the input projection $2BTD^2$ plus $T$ steps of
+    $h W_{hh}^\top$, $2BD^2$ each: $4BTD^2$. Attention: the Q, K, V
+    projection $6BTD^2$ plus $QK^\top$ and $AV$, $2BT^2D$ each:
+    $6BTD^2 + 4BT^2D$. With the projections counted, attention does more
+    arithmetic at every length; without them, once $T > D$.
+
+    Returns:
+        ``(recurrence_flops, attention_flops)``.
+
+    Introduced in chapter 1.
+    """
+    check_int("length", length, minimum=1)
+    check_int("d_model", d_model, minimum=1)
+    check_int("batch", batch, minimum=1)
+    B, T, D = batch, length, d_model
+    return 4 * B * T * D * D, 6 * B * T * D * D + 4 * B * T * T * D
 
 
 PATH_KINDS = ("rnn", "cnn", "dilated_cnn", "restricted_attention", "attention")
@@ -288,17 +331,21 @@ def max_path_length(kind: str, length: int, *, kernel_size: int = 3) -> int:
     raise RuntimeError("unreachable")  # every graph here is connected
 
 
-def draw_seq2seq(ax, source: list[str], target: list[str]) -> None:
+def draw_seq2seq(ax, source: list[str], target: list[str], *,
+                 attention: bool = False) -> None:
     """Draw an RNN encoder-decoder translating ``source`` into ``target``.
 
     Encoder states $h_1..h_n$ read the source left to right; the last one is
     the fixed-size context $c$, the only thing the decoder sees of the
     source; decoder states $s_1..s_m$ each read the previous output.
     Arrows are dependencies, so the longest chain has $n + m$ steps.
+    With ``attention=True`` (Bahdanau et al.) the last state only starts
+    the decoder, and every decoder step also reads every $h_i$ (orange).
 
     Args:
         ax: a matplotlib Axes to draw into.
         source, target: token strings (ASCII; plain matplotlib fonts).
+        attention: draw the attention version instead of the bottleneck.
 
     Introduced in chapter 1.
     """
@@ -325,10 +372,15 @@ def draw_seq2seq(ax, source: list[str], target: list[str]) -> None:
         link(x, -1.05, x, -0.3)
         if i:
             link(enc_x[i - 1] + 0.35, 0, x - 0.35, 0)
-    box(c_x, 0, "$c$", "#f4cccc")
-    link(enc_x[-1] + 0.35, 0, c_x - 0.3, 0, color="#cc0000", lw=2)
-    ax.text(c_x, 0.75, "fixed-size\nbottleneck", ha="center", fontsize=9,
-            color="#cc0000")
+    if attention:  # no single c: the last state only starts the decoder
+        link(enc_x[-1] + 0.35, 0, c_x + 1.25, 0)
+        ax.text(c_x, -0.75, "every step reads\nevery $h_i$", ha="center",
+                fontsize=9, color="#e69138")
+    else:
+        box(c_x, 0, "$c$", "#f4cccc")
+        link(enc_x[-1] + 0.35, 0, c_x - 0.3, 0, color="#cc0000", lw=2)
+        ax.text(c_x, 0.75, "fixed-size\nbottleneck", ha="center",
+                fontsize=9, color="#cc0000")
     inputs = ["<bos>"] + target[:-1]
     for j, (x, tok) in enumerate(zip(dec_x, target)):
         box(x, 0, f"$s_{j + 1}$", "#d9ead3")
@@ -336,13 +388,18 @@ def draw_seq2seq(ax, source: list[str], target: list[str]) -> None:
         box(x, 1.3, tok, "#fff2cc")
         link(x, -1.05, x, -0.3)
         link(x, 0.3, x, 1.05)
-        prev = c_x + 0.3 if j == 0 else dec_x[j - 1] + 0.35
-        link(prev, 0, x - 0.35, 0, **({"color": "#cc0000", "lw": 2}
-                                        if j == 0 else {}))
+        if attention:
+            for xi in enc_x:  # one weighted average of all h_i per step
+                link(xi, 0.3, x - 0.15, 0.3, color="#e69138", lw=0.7,
+                     alpha=0.7, connectionstyle="arc3,rad=-0.25")
+        if j or not attention:
+            prev = c_x + 0.3 if j == 0 else dec_x[j - 1] + 0.35
+            link(prev, 0, x - 0.35, 0, **({"color": "#cc0000", "lw": 2}
+                                            if j == 0 else {}))
         if j:  # each output is fed back as the next input
             link(dec_x[j - 1] + 0.2, 1.1, x - 0.2, -1.1, ls=":", color="0.6")
     ax.text(sum(enc_x) / n, -2.1, "encoder", ha="center", fontsize=11)
     ax.text(sum(dec_x) / m, -2.1, "decoder", ha="center", fontsize=11)
     ax.set_xlim(-0.8, dec_x[-1] + 0.8)
-    ax.set_ylim(-2.4, 1.9)
+    ax.set_ylim(-2.4, 2.6 if attention else 1.9)
     ax.axis("off")

@@ -379,8 +379,31 @@ def test_saturation_gradient_matches_autograd():
         out = A.scaled_dot_product_attention(
             q, k, v, scale=None if scaled else 1.0)          # (R, 1, d_v)
         (out @ up).sum().backward()
-        ref = q.grad[:, 0].norm(dim=-1).median().item()
-        assert math.isclose(stats.grad_norm, ref, rel_tol=1e-9)
+        norms = q.grad[:, 0].norm(dim=-1)                    # (R,)
+        assert math.isclose(stats.grad_norm, norms.median().item(),
+                            rel_tol=1e-9)
+        assert math.isclose(stats.grad_mean, norms.mean().item(),
+                            rel_tol=1e-9)
+        assert math.isclose(stats.grad_max, norms.max().item(),
+                            rel_tol=1e-9)
+        # 99th percentile by sorting: rank 0.99 * (R - 1), interpolated
+        ranked = norms.sort().values
+        pos = 0.99 * (len(ranked) - 1)
+        lo = int(pos)
+        p99 = ranked[lo] + (pos - lo) * (ranked[lo + 1] - ranked[lo])
+        assert math.isclose(stats.grad_p99, p99.item(), rel_tol=1e-9)
+
+
+def test_saturation_mean_gradient_does_not_shrink_without_scaling():
+    # Chapter 3's claim: unscaled, the median gradient collapses with d_k
+    # while the mean does not (a few unsaturated rows get huge gradients).
+    g = torch.Generator().manual_seed(0)
+    raw = A.saturation_stats(1024, n_rows=300, scaled=False, generator=g)
+    scaled = A.saturation_stats(1024, n_rows=300, scaled=True, generator=g)
+    assert raw.grad_norm < 0.01 * scaled.grad_norm
+    assert raw.grad_mean > scaled.grad_mean
+    assert raw.grad_max > 10 * scaled.grad_max
+    assert scaled.grad_norm <= scaled.grad_p99 <= scaled.grad_max
 
 
 def test_padding_mask_accepts_numpy_lengths_and_device():
@@ -404,3 +427,16 @@ def test_half_precision_scores_above_fp16_max_stay_finite():
                                          mask)
     assert out.dtype == w.dtype == torch.float16
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_profile_fused_attention_finds_kernel_and_small_memory(capfd):
+    kernels, allocated = A.profile_fused_attention(1024, n_heads=2, d_k=32)
+    assert "aten::scaled_dot_product_attention" in kernels
+    # the CPU dispatcher picks a tiled (flash) kernel, not the math path
+    assert any("flash" in name for name in kernels)
+    out_bytes = 2 * 1024 * 32 * 4
+    assert out_bytes <= allocated < A.attention_weights_bytes(1024,
+                                                              n_heads=2)
+    assert "profiler_start" not in capfd.readouterr().err  # silenced
+    with pytest.raises(ValueError, match="length"):
+        A.profile_fused_attention(0)

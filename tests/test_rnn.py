@@ -10,7 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from course_lib.rnn import (  # noqa: E402
     SimpleRNN, TimingResult, draw_seq2seq, gradient_norm_vs_distance,
-    max_path_length, set_recurrent_scale, time_recurrence_vs_attention)
+    matmul_flops, max_path_length, recurrence_and_attention,
+    set_recurrent_scale, time_recurrence_vs_attention)
 
 
 @pytest.fixture(autouse=True)
@@ -182,6 +183,44 @@ def test_timing_reports_each_path_under_its_own_name(fake_clock,
         assert r.ratio == r.length / 100.0
 
 
+@pytest.mark.parametrize("B, T, D", [(1, 1, 1), (2, 5, 8), (3, 40, 16)])
+def test_matmul_flops_match_torch_flop_counter(B, T, D):
+    # Independent reference: torch's FlopCounterMode counts every matmul
+    # that the two functions actually run.
+    from torch.utils.flop_counter import FlopCounterMode
+    x = torch.randn(B, T, D)
+    fns = recurrence_and_attention(x, torch.randn(D, D), torch.randn(D, D),
+                                   torch.randn(D, 3 * D))
+    counted = []
+    for fn in fns:
+        with FlopCounterMode(display=False) as fc:
+            fn()
+        counted.append(fc.get_total_flops())
+    assert tuple(counted) == matmul_flops(T, d_model=D, batch=B)
+
+
+def test_recurrence_and_attention_compute_rnn_and_attention():
+    B, T, D = 2, 6, 4
+    x = torch.randn(B, T, D)
+    w_ih, w_hh, w_qkv = torch.randn(D, D), torch.randn(D, D), \
+        torch.randn(D, 3 * D)
+    recurrence, attention = recurrence_and_attention(x, w_ih, w_hh, w_qkv)
+    ref = torch.nn.RNN(D, D, bias=False, batch_first=True)
+    with torch.no_grad():
+        ref.weight_ih_l0.copy_(w_ih)
+        ref.weight_hh_l0.copy_(w_hh)
+        h_ref = ref(x)[1][0]
+    torch.testing.assert_close(recurrence(), h_ref)
+    q, k, v = (x @ w_qkv).split(D, dim=-1)
+    torch.testing.assert_close(
+        attention(), torch.nn.functional.scaled_dot_product_attention(q, k, v))
+
+
+def test_matmul_flops_bad_input():
+    with pytest.raises(ValueError, match="length"):
+        matmul_flops(0)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(lengths=[]), "lengths must be positive ints"),
     (dict(lengths=[4, 0]), "lengths must be positive ints"),
@@ -262,3 +301,18 @@ def test_draw_seq2seq_draws_every_token():
     plt.close(fig)
     with pytest.raises(ValueError, match="source and target must be non-"):
         draw_seq2seq(ax, [], ["a"])
+
+
+def test_draw_seq2seq_attention_links_every_pair_and_drops_c():
+    arrows = {}
+    for attention in (False, True):
+        fig, ax = plt.subplots()
+        draw_seq2seq(ax, ["a", "b", "c"], ["x", "y"], attention=attention)
+        texts = [t.get_text() for t in ax.texts]
+        assert ("$c$" in texts) is not attention
+        arrows[attention] = sum(1 for t in ax.texts
+                                if getattr(t, "arrow_patch", None))
+        plt.close(fig)
+    # attention: + n*m orange links (3 * 2); h_n -> c -> s_1 (two links)
+    # becomes h_n -> s_1 (one)
+    assert arrows[True] == arrows[False] + 3 * 2 - 1
