@@ -52,7 +52,7 @@ from .kv_cache import LayerKVCache
 from .layers import RMSNorm
 from .mha import mask_to_4d, query_positions
 from .positional import apply_rope
-from .validation import check_int, check_real
+from .validation import check_attrs, check_int, check_real
 from .yarn import check_rope_scaling, yarn_frequencies, yarn_rope, yarn_scales
 
 __all__ = ["MLAConfig", "MultiHeadLatentAttention", "mla_param_count",
@@ -173,6 +173,10 @@ def mla_param_count(config) -> int:
 
     Introduced in chapter 10.
     """
+    check_attrs("config", config, (
+        "hidden_size", "num_attention_heads", "kv_lora_rank", "q_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+        "attention_bias"), "an MLA configuration (MLAConfig or ModelConfig)")
     c = config
     D, H, r_kv = c.hidden_size, c.num_attention_heads, c.kv_lora_rank
     d_qk = c.qk_nope_head_dim + c.qk_rope_head_dim            # 192 in V3

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from .validation import broadcasts_to, check_int, check_real
+from .validation import broadcasts_to, check_int, check_real, check_type
 
 __all__ = ["frequencies", "wavelengths", "sinusoidal_encoding",
            "rotation_matrix", "offset_dot_product", "apply_rope",
@@ -40,6 +40,7 @@ def _check_d_model(name: str, value) -> None:
 
 
 def _check_sequence(name: str, x: torch.Tensor) -> None:
+    check_type(name, x, torch.Tensor, "a torch.Tensor")
     if x.dim() < 2:
         raise ValueError(f"{name} must have shape (..., T, D), got "
                          f"{tuple(x.shape)}")
@@ -311,6 +312,7 @@ def rope_cos_sin(positions: torch.Tensor, d: int, *, base: float = 10000.0,
 
     Introduced in chapter 13.
     """
+    check_type("positions", positions, torch.Tensor, "a torch.Tensor")
     theta = None
     if not positions.is_floating_point() and positions.numel():
         lo, hi = positions.aminmax()
@@ -357,6 +359,7 @@ def self_attention(x: torch.Tensor, *, w_q: torch.Tensor,
     _check_sequence("x", x)
     d = x.shape[-1]
     for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        check_type(name, w, torch.Tensor, "a torch.Tensor")
         if w.dim() != 2 or w.shape[0] != d:
             raise ValueError(f"{name} must have shape ({d}, ...), got "
                              f"{tuple(w.shape)}")
@@ -395,6 +398,9 @@ def draw_clock_hands(fig, *, position: float, d_model: int = 16,
 
     Introduced in chapter 2.
     """
+    if not hasattr(fig, "add_subplot"):
+        raise TypeError(f"fig must be a matplotlib Figure, got "
+                        f"{type(fig).__name__}")
     check_real("position", position, positive=False)
     w = frequencies(d_model, base).tolist()                    # (P,)
     n = d_model // 2

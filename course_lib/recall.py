@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .training import train
-from .validation import check_int, check_real
+from .validation import check_int, check_real, check_type
 
 __all__ = ["make_recall_batch", "RNNRecaller", "AttentionRecaller",
            "train_recall", "recall_accuracy"]
@@ -127,6 +127,7 @@ def train_recall(model: nn.Module, distance: int, *, steps: int = 300,
 
     Introduced in chapter 1.
     """
+    check_type("model", model, nn.Module, "a torch.nn.Module")
     check_int("steps", steps, minimum=1)
     check_int("batch", batch, minimum=1)
     check_real("lr", lr, positive=True)
@@ -152,6 +153,7 @@ def _recall_loss(model: nn.Module, batch) -> torch.Tensor:
 def recall_accuracy(model: nn.Module, distance: int, *, batch: int = 1000,
                     seed: int = 12345) -> float:
     """Accuracy on one fixed held-out batch. Introduced in chapter 1."""
+    check_type("model", model, nn.Module, "a torch.nn.Module")
     g = torch.Generator().manual_seed(seed)
     x, y = make_recall_batch(batch, distance, vocab_size=model.vocab_size,
                              generator=g)

@@ -24,7 +24,7 @@ from torch import nn
 
 from .threads import small_ops
 from .timing import best_time
-from .validation import check_int, check_real
+from .validation import check_int, check_real, check_type
 
 __all__ = ["SimpleRNN", "set_recurrent_scale", "gradient_norm_vs_distance",
            "TimingResult", "recurrence_and_attention", "matmul_flops",
@@ -111,6 +111,10 @@ def set_recurrent_scale(rnn: nn.Module, *, rho: float,
     Introduced in chapter 1.
     """
     check_real("rho", rho, positive=True)
+    if not isinstance(getattr(rnn, "weight_hh", None), torch.Tensor):
+        raise TypeError(f"rnn must be a recurrent layer with a weight_hh "
+                        f"matrix (e.g. rnn.ElmanRNN), got "
+                        f"{type(rnn).__name__}")
     d_h = rnn.weight_hh.shape[0]
     a = torch.randn(d_h, d_h, generator=generator)  # (d_h, d_h)
     q, r = torch.linalg.qr(a)
@@ -141,6 +145,8 @@ def gradient_norm_vs_distance(rnn: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
     Introduced in chapter 1.
     """
+    check_type("rnn", rnn, nn.Module, "a torch.nn.Module")
+    check_type("x", x, torch.Tensor, "a torch.Tensor")
     if x.dim() != 3:
         raise ValueError(f"x must have shape (B, T, D), got {tuple(x.shape)}")
     x = x.detach().clone().requires_grad_(True)
@@ -234,6 +240,9 @@ def recurrence_and_attention(x: torch.Tensor, w_ih: torch.Tensor,
 
     Introduced in chapter 1.
     """
+    for name, w in (("x", x), ("w_ih", w_ih), ("w_hh", w_hh),
+                    ("w_qkv", w_qkv)):
+        check_type(name, w, torch.Tensor, "a torch.Tensor")
     batch, T, d_model = x.shape
 
     @small_ops()  # T tiny steps: one thread, see course_lib.threads
@@ -349,6 +358,14 @@ def draw_seq2seq(ax, source: list[str], target: list[str], *,
 
     Introduced in chapter 1.
     """
+    if not hasattr(ax, "text") or not hasattr(ax, "plot"):
+        raise TypeError(f"ax must be a matplotlib Axes, got "
+                        f"{type(ax).__name__}")
+    for name, words in (("source", source), ("target", target)):
+        if not isinstance(words, (list, tuple)) or \
+                not all(isinstance(w, str) for w in words):
+            raise TypeError(f"{name} must be a list of token strings, got "
+                            f"{type(words).__name__}")
     if not source or not target:
         raise ValueError(f"source and target must be non-empty, got "
                          f"{len(source)} and {len(target)} tokens")

@@ -14,7 +14,7 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["check_type", "check_bool", "check_int", "check_real", "check_top_k",
+__all__ = ["check_type", "check_attrs", "check_bool", "check_int", "check_real", "check_top_k",
            "check_dropout", "check_lengths", "check_bool_mask", "check_ids",
            "check_token_ids", "config_field", "broadcasts_to"]
 
@@ -27,6 +27,17 @@ def check_type(name: str, value, expected, what: str) -> None:
     if not isinstance(value, expected):
         raise TypeError(f"{name} must be {what}, got "
                         f"{type(value).__name__}")
+
+
+def check_attrs(name: str, value, attrs, what: str) -> None:
+    """``value`` must have every attribute in ``attrs`` (a duck-typed
+    configuration), else a ``TypeError`` naming the argument and the
+    missing attributes."""
+    missing = [a for a in attrs if not hasattr(value, a)]
+    if missing:
+        raise TypeError(f"{name} must be {what}, got "
+                        f"{type(value).__name__} without "
+                        f"{', '.join(missing)}")
 
 
 def check_bool(name: str, value) -> None:
