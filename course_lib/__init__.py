@@ -53,8 +53,9 @@ Part IV, inference and scale
   from a configuration (chapter 12)
 
 Part V, a real model at scale
-- ``parallel``: ``run`` (a worker on N local gloo processes) and the
-  collectives of tensor and expert parallelism (chapter 14)
+- ``parallel``: ``run``, a worker on N local gloo processes (chapter 14)
+- ``collectives``: Megatron's $f$/$g$ and a differentiable all-to-all,
+  the collectives of tensor and expert parallelism (chapter 14)
 - ``tensor_parallel``: Megatron-style column/row-parallel layers, SwiGLU
   and attention split over ranks (chapter 14)
 - ``expert_parallel``: MoE experts spread over ranks, dispatch and combine

@@ -45,7 +45,7 @@ from torch import nn
 
 from .load_balancing import expert_load, load_balancing_loss
 from .moe import MoE, MoEInfo
-from .parallel import _need_group, all_to_all, group_rank_and_size
+from .collectives import _need_group, all_to_all, group_rank_and_size
 from .validation import check_int
 
 __all__ = ["ExpertParallelStats", "ExpertParallelMoE", "all_to_all_bytes"]

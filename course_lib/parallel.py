@@ -1,5 +1,5 @@
-r"""Running one function on several processes, and the collectives that
-tensor and expert parallelism are made of.
+r"""Running one function on several processes: the launcher of chapter
+14's tensor and expert parallelism.
 
 A model that no longer fits on one device is cut into pieces, one per
 *rank* (a process, on a cluster one per GPU), and the ranks exchange
@@ -14,20 +14,8 @@ are *spawned* (a fresh interpreter, the only start method that is safe
 with torch's threads), and a function defined in a notebook cell cannot
 be found by name in them.
 
-Two pairs of autograd-aware collectives follow (Megatron-LM, Shoeybi et
-al. 2019, sec. 3, the conjugate operators $f$ and $g$):
-
-- :func:`copy_to_parallel` ($f$): identity forward, all-reduce backward.
-  Every rank holds the same input $X$ and uses it with its own shard
-  $A_r$; the gradient $\partial L / \partial X = \sum_r
-  (\partial L / \partial Y_r) A_r^\top$ needs every rank's term.
-- :func:`reduce_from_parallel` ($g$): all-reduce forward, identity
-  backward. $Y = \sum_r Y_r$; each rank already holds the full
-  $\partial L / \partial Y$.
-
-and :func:`all_to_all`, the exchange of expert parallelism: rank $r$
-sends rows ``in_splits[s]`` to rank $s$ and receives ``out_splits[s]``
-rows from it (uneven splits); its backward is the reverse exchange.
+The collectives the parallel layers are built from (Megatron's $f$ and
+$g$, a differentiable all-to-all) are in :mod:`course_lib.collectives`.
 
 Shape letters: W ranks (``world_size``), ... any dimensions.
 
@@ -35,10 +23,11 @@ Introduced in chapter 14.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import io
-import queue
+import os
 import sys
 import time
 import traceback
@@ -49,8 +38,7 @@ import torch.multiprocessing as mp
 
 from .validation import check_int, check_real
 
-__all__ = ["run", "ParallelError", "group_rank_and_size", "copy_to_parallel",
-           "reduce_from_parallel", "all_to_all"]
+__all__ = ["run", "ParallelError"]
 
 MASTER_ADDR = "127.0.0.1"
 
@@ -122,16 +110,45 @@ def _worker_main(rank, world_size, port, timeout, threads, results,
             report_error(exc)
 
 
+def _main_file() -> str | None:
+    """The file spawned processes re-run as ``__main__``, or None where
+    there is none to run (a notebook, ``python -`` or ``-c``; started
+    with ``-m`` the module is imported by name instead)."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None):
+        return None
+    path = getattr(main, "__file__", None)
+    return path if path and os.path.isfile(path) else None
+
+
 def _check_worker(worker) -> None:
     if not callable(worker):
         raise TypeError(f"worker must be a function, got {worker!r:.60}")
     main = sys.modules.get("__main__")
     if getattr(worker, "__module__", None) == "__main__" and \
-            not hasattr(main, "__file__"):
+            _main_file() is None and \
+            not getattr(getattr(main, "__spec__", None), "name", None):
         raise ValueError(
             f"worker must live in an importable module (e.g. course_lib), "
             f"got {worker.__qualname__} defined in __main__ (a notebook "
             f"cell or stdin), which spawned processes cannot import")
+
+
+@contextlib.contextmanager
+def _spawnable_main():
+    """Hide a ``__main__.__file__`` that names no file (``'<stdin>'``):
+    spawn would try to re-run it in every child and fail."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or _main_file() is not None or \
+            getattr(getattr(main, "__spec__", None), "name", None):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
 
 
 def _master_store(port: int | None) -> dist.TCPStore:
@@ -189,8 +206,9 @@ def run(worker, world_size: int, *args, timeout: float = 120.0,
     done: dict[int, object] = {}
     deadline = time.monotonic() + timeout
     try:
-        for p in procs:
-            p.start()
+        with _spawnable_main():
+            for p in procs:
+                p.start()
         while len(done) < world_size:
             if results.empty():
                 if time.monotonic() > deadline:
@@ -227,121 +245,3 @@ def run(worker, world_size: int, *args, timeout: float = 120.0,
                 p.join()
         del store
     return [done[r] for r in range(world_size)]
-
-
-# ------------------------------------------------------------ collectives
-def group_rank_and_size(group=None) -> tuple[int, int]:
-    """``(rank, world_size)`` of this process in ``group`` (default: the
-    whole world); ``(0, 1)`` when no process group is initialised.
-
-    Introduced in chapter 14.
-    """
-    if not dist.is_available() or not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
-def _need_group(group, world_size: int) -> None:
-    if world_size > 1 and not dist.is_initialized():
-        raise RuntimeError(
-            f"this module was built for world_size={world_size} but no "
-            f"process group is initialised: run it inside a worker of "
-            f"course_lib.parallel.run (or torchrun)")
-
-
-class _CopyToParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)  # sum_r dL/dY_r A_r^T
-        return grad, None
-
-
-class _ReduceFromParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous().clone()
-        dist.all_reduce(x, group=group)       # Y = sum_r Y_r
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-def copy_to_parallel(x: torch.Tensor, group=None) -> torch.Tensor:
-    """Megatron's $f$: ``x`` unchanged; in backward the gradient is
-    all-reduced (summed over the ranks). ``x`` any shape.
-
-    Introduced in chapter 14.
-    """
-    if group_rank_and_size(group)[1] == 1:
-        return x
-    return _CopyToParallel.apply(x, group)
-
-
-def reduce_from_parallel(x: torch.Tensor, group=None) -> torch.Tensor:
-    """Megatron's $g$: the sum of ``x`` over the ranks, one all-reduce;
-    the gradient passes unchanged. ``x`` any shape, the same on every rank.
-
-    Introduced in chapter 14.
-    """
-    if group_rank_and_size(group)[1] == 1:
-        return x
-    return _ReduceFromParallel.apply(x, group)
-
-
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, out_splits, in_splits, group):
-        ctx.splits, ctx.group, ctx.rows = (out_splits, in_splits), group, \
-            x.shape[0]
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits,
-                               group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out_splits, in_splits = ctx.splits
-        # the reverse exchange: what came from rank s goes back to s
-        back = grad.new_empty((ctx.rows,) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), in_splits,
-                               out_splits, group=ctx.group)
-        return back, None, None, None
-
-
-def all_to_all(x: torch.Tensor, out_splits: list[int],
-               in_splits: list[int], group=None) -> torch.Tensor:
-    r"""Exchange rows between ranks: rows ``in_splits[0]`` of ``x`` go to
-    rank 0, the next ``in_splits[1]`` to rank 1, ...; the result holds
-    ``out_splits[s]`` rows from each rank $s$, in rank order.
-
-    Differentiable: the backward sends the gradient rows back where they
-    came from. Every rank must take part (forward and backward).
-
-    Args:
-        x: ``(sum(in_splits), ...)``.
-        out_splits, in_splits: W row counts each (``out_splits`` of this
-            rank is ``in_splits`` of the others, entry for this rank).
-
-    Returns:
-        ``(sum(out_splits), ...)``.
-
-    Introduced in chapter 14.
-    """
-    W = group_rank_and_size(group)[1]
-    if len(out_splits) != W or len(in_splits) != W \
-            or sum(in_splits) != x.shape[0]:
-        raise ValueError(
-            f"in_splits and out_splits must have world_size={W} entries "
-            f"and sum(in_splits) must be x.shape[0]={x.shape[0]}, got "
-            f"in_splits={in_splits}, out_splits={out_splits}")
-    if W == 1:
-        return x
-    return _AllToAll.apply(x, list(out_splits), list(in_splits), group)

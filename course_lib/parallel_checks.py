@@ -27,15 +27,16 @@ import time
 import torch
 import torch.distributed as dist
 
+from .collectives import group_rank_and_size
 from .expert_parallel import ExpertParallelMoE
 from .layers import SwiGLU
 from .masking import causal_mask
 from .mha import MultiHeadAttention
 from .moe import MoE
-from .parallel import group_rank_and_size
 from .positional import RotaryEmbedding
 from .routing import DeepSeekV3Router, TopKRouter
-from .tensor_parallel import TensorParallelAttention, TensorParallelSwiGLU
+from .tensor_parallel import (ColumnParallelLinear, RowParallelLinear,
+                              TensorParallelAttention, TensorParallelSwiGLU)
 
 __all__ = ["check_tensor_parallel", "check_expert_parallel",
            "check_parallel_layers", "fail_on_rank", "sleep_on_rank"]
@@ -84,9 +85,39 @@ def _tp_case(rank: int, W: int, full, make_tp, x: torch.Tensor,
     return res
 
 
+def _check_linears(rank: int, W: int, group, x: torch.Tensor) -> dict:
+    """The two linear layers alone: column-parallel (own f: its input
+    gradient is summed over the ranks; loss = the sum over ranks of each
+    rank's slice) and row-parallel (input = this rank's slice of X)."""
+    full = torch.nn.Linear(x.shape[-1], 16)
+    c = torch.randn(x.shape[:-1] + (16,),
+                    generator=torch.Generator().manual_seed(3))
+    col = ColumnParallelLinear(full, group=group)
+    row = RowParallelLinear(full, group=group)
+    x_col, x_row, x_ref = (x.clone().requires_grad_() for _ in range(3))
+    y_col = col(x_col)                                       # (..., 16/W)
+    (y_col * _rows(c, rank, W, -1)).sum().backward()
+    x_part = _rows(x_row, rank, W, -1)                       # (..., D/W)
+    y_row = row(x_part)                                      # (..., 16)
+    (y_row * c).sum().backward()
+    y_ref = full(x_ref)
+    (y_ref * c).sum().backward()
+    return {"linear_out": max(_diff(y_col, _rows(y_ref, rank, W, -1)),
+                              _diff(y_row, y_ref)),
+            "linear_grad_x": max(_diff(x_col.grad, x_ref.grad), _diff(
+                _rows(x_row.grad, rank, W, -1), _rows(x_ref.grad, rank,
+                                                      W, -1))),
+            "linear_grad_weights": max(
+                _diff(col.weight.grad, _rows(full.weight.grad, rank, W, 0)),
+                _diff(col.bias.grad, _rows(full.bias.grad, rank, W, 0)),
+                _diff(row.weight.grad, _rows(full.weight.grad, rank, W, 1)),
+                _diff(row.bias.grad, full.bias.grad))}
+
+
 def check_tensor_parallel(rank: int, world_size: int, seed: int = 0,
                           group=None) -> dict[str, float]:
-    """TensorParallelSwiGLU and TensorParallelAttention (GQA with RoPE,
+    """The column- and row-parallel linear layers alone,
+    TensorParallelSwiGLU and TensorParallelAttention (GQA with RoPE,
     causal mask, biases; and the fused path with a per-head mask) against
     the single-process modules. W must divide 4. With ``group`` the
     layers run in that process group (rank and size taken from it).
@@ -101,6 +132,7 @@ def check_tensor_parallel(rank: int, world_size: int, seed: int = 0,
     res = _tp_case(rank, world_size, SwiGLU(D, 64),
                    lambda m: TensorParallelSwiGLU(m, group), x, {},
                    ["gate_proj", "up_proj"], ["down_proj"], "swiglu")
+    res |= _check_linears(rank, world_size, group, x)
     qkv, o = ["q_proj", "k_proj", "v_proj"], ["o_proj"]
     mha = MultiHeadAttention(D, 8, n_kv_heads=4, bias=True,
                              rope=RotaryEmbedding(4))

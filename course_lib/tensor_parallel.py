@@ -43,7 +43,7 @@ from .attention import scaled_dot_product_attention
 from .layers import SwiGLU
 from .mha import (MultiHeadAttention, _fused_gqa, mask_to_4d, merge_heads,
                   query_positions, repeat_kv, split_heads)
-from .parallel import (_need_group, copy_to_parallel, group_rank_and_size,
+from .collectives import (_need_group, copy_to_parallel, group_rank_and_size,
                        reduce_from_parallel)
 from .validation import check_int
 
