@@ -54,6 +54,17 @@ Part IV, inference and scale
   analytic parameter counts (total and active), and the course model built
   from a configuration (chapter 12)
 
+Part V, a real model at scale
+- ``parallel``: ``run``, a worker on N local gloo processes (chapter 14)
+- ``collectives``: Megatron's $f$/$g$ and a differentiable all-to-all,
+  the collectives of tensor and expert parallelism (chapter 14)
+- ``tensor_parallel``: Megatron-style column/row-parallel layers, SwiGLU
+  and attention split over ranks (chapter 14)
+- ``expert_parallel``: MoE experts spread over ranks, dispatch and combine
+  all-to-alls and their byte counters (chapter 14)
+- ``parallel_checks``: workers that compare the parallel layers with the
+  single-process ones (chapter 14)
+
 Shape letters, the same in every module (a module's docstring lists the
 ones it uses, and any of its own):
 

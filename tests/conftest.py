@@ -66,3 +66,21 @@ def hf_smollm2():
     tokenizer = transformers.AutoTokenizer.from_pretrained(
         folder, gguf_file=name)
     return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="session")
+def parallel_layers():
+    """``get(W)``: chapter 14's layer checks
+    (``parallel_checks.check_parallel_layers``) run once per world size W
+    on W spawned processes, shared by the tensor- and expert-parallel
+    tests (process start-up is paid once per W)."""
+    from course_lib.parallel import run
+    from course_lib.parallel_checks import check_parallel_layers
+    cache = {}
+
+    def get(world_size):
+        if world_size not in cache:
+            cache[world_size] = run(check_parallel_layers, world_size, 0,
+                                    timeout=60)
+        return cache[world_size]
+    return get
