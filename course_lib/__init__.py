@@ -48,13 +48,23 @@ Part IV, inference and scale
 - ``mla``: multi-head latent attention, explicit and absorbed (chapter 10)
 - ``yarn``: YaRN, the RoPE frequency correction and softmax scale of
   DeepSeek-V3's 128K context (chapter 10)
-- ``routing``, ``moe``: top-k and DeepSeek-V3 routers, load balancing, and
-  the mixture-of-experts layer (chapter 11)
+- ``routing``: top-k and DeepSeek-V3 routers (chapter 11)
+- ``load_balancing``: expert load, the Switch auxiliary loss and
+  DeepSeek-V3's bias update (chapter 11)
+- ``moe``: the mixture-of-experts layer (chapter 11)
 - ``model_configs``, ``params``, ``build``: published configurations,
   analytic parameter counts (total and active), and the course model built
   from a configuration (chapter 12)
 
 Part V, a real model at scale
+- ``gguf_file``: reading a GGUF file, Q4_1 and Q8_0 dequantisation
+  (chapter 13)
+- ``tokenizer``: the byte-level BPE tokenizer of a GGUF file (chapter 13)
+- ``bpe``: a short pure-Python BPE encoder for teaching (chapter 13)
+- ``pretrained``: SmolLM2-135M loaded into a ``DecoderLM`` by renaming
+  (chapter 13)
+- ``interpret``: attention maps of a real model, block by block
+  (chapter 13)
 - ``parallel``: ``run``, a worker on N local gloo processes (chapter 14)
 - ``collectives``: Megatron's $f$/$g$ and a differentiable all-to-all,
   the collectives of tensor and expert parallelism (chapter 14)
