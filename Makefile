@@ -31,7 +31,9 @@ venv: $(STAMP)
 
 # MathJax from the npm registry, served by the book itself (see
 # book/_ext/vendor_assets.py). Without npm the book falls back to the CDN.
-VENDOR := _build/vendor/node_modules/mathjax/es5/tex-chtml.js
+# axe-core (same registry, same pinned package.json) is only injected into
+# pages by the browser tests' accessibility scan; it is not served.
+VENDOR := _build/vendor/.installed
 $(VENDOR): book/_ext/package.json
 	@if command -v npm >/dev/null 2>&1; then \
 	  mkdir -p _build/vendor && cp book/_ext/package.json _build/vendor/ && \

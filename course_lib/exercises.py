@@ -142,8 +142,8 @@ class Exercise:
         md = lambda s: markdown_to_html(s, tex_delimiters=True)  # noqa: E731
         return (
             f'<div class="ti-exercise mathjax_process" id="{dom}">\n'
-            f'<div class="ti-prompt"><strong>Exercise.</strong> '
-            f'{md(self.prompt)}</div>\n{self._static_body()}\n'
+            f'<div class="ti-prompt" id="{dom}-prompt"><strong>Exercise.'
+            f'</strong> {md(self.prompt)}</div>\n{self._static_body()}\n'
             f'<details class="ti-hint"><summary>Hint</summary>'
             f'{md(self.hint)}</details>\n'
             f'<details class="ti-solution"><summary>Solution</summary>'
@@ -155,6 +155,34 @@ class Exercise:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.key!r})"
+
+    @property
+    def _name(self) -> str:
+        """How assistive technology names this exercise's controls."""
+        return f"exercise {self.key}"
+
+
+def _inline_html(text: str) -> str:
+    """One feedback message or option label, Markdown rendered to HTML."""
+    return markdown_to_html(text, tex_delimiters=True, inline=True)
+
+
+# The page's JavaScript shows feedback through this one function: the
+# message is HTML that course_lib rendered from Markdown (escaped, so safe
+# to insert); the maths in it is typeset by MathJax when the page has it.
+# Colours come from the classes ti-correct / ti-wrong (the book's
+# stylesheet sets them for light and dark mode).
+_SHOW_JS = """  function show(out, ok, html) {
+    out.innerHTML = html;
+    out.classList.toggle("ti-correct", ok === true);
+    out.classList.toggle("ti-wrong", ok === false);
+    var mj = window.MathJax;
+    if (mj && mj.typesetPromise) {
+      if (mj.typesetClear) mj.typesetClear([out]);
+      mj.typesetPromise([out]).catch(function () {});
+    }
+  }
+"""
 
 
 # ----------------------------------------------------------------------------
@@ -286,16 +314,22 @@ class NumericExercise(Exercise):
     def _static_body(self) -> str:
         dom = f"ti-ex-{self.key}"
         data = json.dumps({"answer": self.answer, "rtol": self.rtol,
-                           "atol": self.atol, "mistakes": self.mistakes})
-        return f"""<p><input type="text" class="ti-answer" aria-label="answer"
-placeholder="your answer, e.g. 0.25 or 1/4">
-<button type="button" class="ti-check">Check</button></p>
+                           "atol": self.atol,
+                           "mistakes": [[v, _inline_html(m)]
+                                        for v, m in self.mistakes]})
+        data = data.replace("</", "<\\/")    # never close the <script>
+        name = html.escape(self._name)
+        return f"""<p><input type="text" class="ti-answer" id="{dom}-answer"
+aria-label="Answer to {name}" aria-describedby="{dom}-prompt"
+placeholder="your answer, e.g. 0.25 or 1/4" enterkeyhint="done">
+<button type="button" class="ti-check"
+aria-label="Check the answer to {name}">Check</button></p>
 <p class="ti-feedback" role="status"></p>
 <script>
 (function () {{
   var root = document.getElementById("{dom}"), d = {data};
   if (!root) return;
-  // the grammar of course_lib.exercises.parse_number
+{_SHOW_JS}  // the grammar of course_lib.exercises.parse_number
   var NUM = /[-+]?(?:\\d+\\.?\\d*|\\.\\d+)(?:[eE][-+]?\\d+)?/.source;
   var WHOLE = new RegExp("^" + NUM + "$");
   var FRACTION = new RegExp("^(" + NUM + ")" + /\\s*\\/\\s*/.source +
@@ -310,18 +344,19 @@ placeholder="your answer, e.g. 0.25 or 1/4">
   }}
   function exact(v) {{ return Number.isInteger(v) && Math.abs(v) < 1e16 ? v.toFixed(0) : String(v); }}
   function close(v, t) {{ return Math.abs(v - t) <= d.atol + d.rtol * Math.abs(t); }}
-  root.querySelector(".ti-check").addEventListener("click", function () {{
+  var input = root.querySelector(".ti-answer");
+  function check() {{
     var out = root.querySelector(".ti-feedback");
-    var v = parse(root.querySelector(".ti-answer").value), msg;
-    if (v === null) msg = "\\u2717 Not a usable answer: type a number (e.g. 0.25, 2.5e-3 or 1/4).";
-    else if (close(v, d.answer)) msg = "\\u2713 Correct: " + exact(v) + ".";
-    else {{
-      var hit = d.mistakes.filter(function (m) {{ return close(v, m[0]); }})[0];
-      msg = hit ? "\\u2717 Not quite. " + hit[1] : "\\u2717 Not correct: " + exact(v) +
-        " is too " + (v > d.answer ? "large" : "small") + ". Try the hint.";
-    }}
-    out.textContent = msg;
-    out.style.color = msg.charAt(0) === "\\u2713" ? "#1b7f3b" : "#b3261e";
+    var v = parse(input.value);
+    if (v === null) return show(out, false, "\\u2717 Not a usable answer: type a number (e.g. 0.25, 2.5e-3 or 1/4).");
+    if (close(v, d.answer)) return show(out, true, "\\u2713 Correct: " + exact(v) + ".");
+    var hit = d.mistakes.filter(function (m) {{ return close(v, m[0]); }})[0];
+    show(out, false, hit ? "\\u2717 Not quite. " + hit[1] : "\\u2717 Not correct: " +
+         exact(v) + " is too " + (v > d.answer ? "large" : "small") + ". Try the hint.");
+  }}
+  root.querySelector(".ti-check").addEventListener("click", check);
+  input.addEventListener("keydown", function (e) {{
+    if (e.key === "Enter") {{ e.preventDefault(); check(); }}
   }});
 }})();
 </script>"""
@@ -391,27 +426,35 @@ class ChoiceExercise(Exercise):
         dom = f"ti-ex-{self.key}"
         radios = "\n".join(
             f'<label class="ti-option"><input type="radio" name="{dom}-opt" '
-            f'value="{i}"> {html.escape(o)}</label><br>'
+            f'value="{i}"> {_inline_html(o)}</label><br>'
             for i, o in enumerate(self.options))
         data = json.dumps({"answer": self.answer,
-                           "explanations": self.explanations})
-        return f"""<form class="ti-options" onsubmit="return false">
+                           "explanations": [_inline_html(e)
+                                            for e in self.explanations]})
+        data = data.replace("</", "<\\/")    # never close the <script>
+        name = html.escape(self._name)
+        return f"""<div class="ti-options" role="radiogroup"
+aria-label="Options for {name}" aria-describedby="{dom}-prompt">
 {radios}
-</form>
-<p><button type="button" class="ti-check">Check</button></p>
+</div>
+<p><button type="button" class="ti-check"
+aria-label="Check the answer to {name}">Check</button></p>
 <p class="ti-feedback" role="status"></p>
 <script>
 (function () {{
   var root = document.getElementById("{dom}"), d = {data};
   if (!root) return;
-  root.querySelector(".ti-check").addEventListener("click", function () {{
+{_SHOW_JS}  function check() {{
     var out = root.querySelector(".ti-feedback");
     var picked = root.querySelector("input[type=radio]:checked");
-    if (!picked) {{ out.textContent = "Pick an option first."; return; }}
+    if (!picked) return show(out, null, "Pick an option first.");
     var i = Number(picked.value), ok = i === d.answer;
-    out.textContent = (ok ? "\\u2713 Correct. " : "\\u2717 Not this one. ") +
-      (d.explanations[i] || (ok ? "" : "Try the hint."));
-    out.style.color = ok ? "#1b7f3b" : "#b3261e";
+    show(out, ok, (ok ? "\\u2713 Correct. " : "\\u2717 Not this one. ") +
+         (d.explanations[i] || (ok ? "" : "Try the hint.")));
+  }}
+  root.querySelector(".ti-check").addEventListener("click", check);
+  root.querySelector(".ti-options").addEventListener("keydown", function (e) {{
+    if (e.key === "Enter") {{ e.preventDefault(); check(); }}
   }});
 }})();
 </script>"""

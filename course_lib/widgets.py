@@ -59,21 +59,29 @@ def check_key(key: str) -> str:
 _FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\n(.*?)```", re.S)
 _CODE_RE = re.compile(r"`([^`]+)`")
 _BOLD_RE = re.compile(r"\*\*([^*]+)\*\*")
+# *emphasis*: a single asterisk that opens before a non-space and closes
+# after one, not inside a word (so 2*3*4 stays as typed).
+_EM_RE = re.compile(r"(?<![\w*])\*(?=[^\s*])([^*\n]+?)(?<=[^\s*])\*(?![\w*])")
 _DISPLAY_MATH_RE = re.compile(r"\$\$(.+?)\$\$", re.S)
 _INLINE_MATH_RE = re.compile(r"(?<![\\$])\$([^$\n]+?)\$")
 
 
-def markdown_to_html(text: str, *, tex_delimiters: bool = False) -> str:
+def markdown_to_html(text: str, *, tex_delimiters: bool = False,
+                     inline: bool = False) -> str:
     """Convert the small Markdown subset used in exercises to HTML.
 
     Supported: paragraphs (blank-line separated), fenced code blocks,
-    inline ``code``, ``**bold**`` and ``$...$``/``$$...$$`` math, which is
-    kept for MathJax (with ``tex_delimiters`` rewritten to ``\\(...\\)`` and
-    ``\\[...\\]``, the delimiters the book's MathJax processes in outputs).
-    Everything else is escaped, so learner-visible text cannot inject HTML.
+    inline ``code``, ``**bold**``, ``*emphasis*`` and ``$...$``/``$$...$$``
+    math, which is kept for MathJax (with ``tex_delimiters`` rewritten to
+    ``\\(...\\)`` and ``\\[...\\]``, the delimiters the book's MathJax
+    processes in outputs). Everything else is escaped, so learner-visible
+    text cannot inject HTML. ``inline`` converts one line of text without
+    wrapping it in ``<p>`` (for option labels and feedback messages).
     """
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}")
+    if inline:
+        return _inline(" ".join(text.split()), tex_delimiters)
     blocks: list[str] = []
     pos = 0
     for m in _FENCE_RE.finditer(text):
@@ -115,6 +123,7 @@ def _inline(text: str, tex_delimiters: bool) -> str:
         lambda m: keep(f"<code>{html.escape(m.group(1))}</code>"), text)
     text = html.escape(text, quote=False)
     text = _BOLD_RE.sub(r"<strong>\1</strong>", text)
+    text = _EM_RE.sub(r"<em>\1</em>", text)
     return re.sub("\x00(\\d+)\x00", lambda m: stash[int(m.group(1))], text)
 
 
@@ -312,7 +321,8 @@ class Explorer:
                 f'<input type="range" min="0" max="{len(values) - 1}" '
                 f'step="1" value="{idx}" data-control="{i}" '
                 f"data-values='{html.escape(shown, quote=True)}' "
-                f'aria-label="{html.escape(self.labels[name])}"> '
+                f'aria-label="{html.escape(self.labels[name])}" '
+                f'aria-valuetext="{html.escape(_fmt(self.initial[name]))}"> '
                 f'<output>{html.escape(_fmt(self.initial[name]))}</output>'
                 f'</label>')
         sizes = [len(v) for v in self.controls.values()]
@@ -322,7 +332,8 @@ class Explorer:
         return f"""<div class="ti-explorer mathjax_process" id="{dom}">
 <div class="ti-explorer-title">{title}</div>
 <div class="ti-controls">{''.join(sliders)}</div>
-<img class="ti-frame" alt="{alt}" src="{frames[first]}">
+<img class="ti-frame" alt="{alt}" src="{frames[first]}"
+style="max-width:100%;height:auto">
 <p class="ti-note"><em>Pre-rendered frames for the slider values. To explore
 freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
 <script type="application/json" class="ti-frames">{json.dumps(frames)}</script>
@@ -339,7 +350,9 @@ freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
     inputs.forEach(function (el, i) {{
       var v = parseInt(el.value, 10);
       index = index * sizes[i] + v;
-      el.nextElementSibling.textContent = JSON.parse(el.dataset.values)[v];
+      var shown = JSON.parse(el.dataset.values)[v];
+      el.nextElementSibling.textContent = shown;
+      el.setAttribute("aria-valuetext", shown);   // read out, not the index
     }});
     img.src = frames[index];
   }}

@@ -400,3 +400,41 @@ def test_odd_numbers_given_directly_are_feedback_not_errors():
         with pytest.raises(ValueError, match="tol"):
             NumericExercise(key="t-x", prompt="p", answer=1.0, hint="h",
                             solution="s", **bad)
+
+
+def test_static_html_renders_markdown_everywhere():
+    # issue 13: options, feedback and prompts showed raw $..$ and *word*
+    ch = ChoiceExercise(key="t-md", prompt="Pick *one*.",
+                        options=["It is $b_i$.", "plain"], answer=1,
+                        hint="*Think*.", solution="s",
+                        explanations=["No: $k^R$ is *shared*.", "Yes."])
+    html_ = ch.static_html()
+    assert r"> It is \(b_i\).</label>" in html_
+    assert r"No: \\(k^R\\) is <em>shared<\/em>." in html_   # in the JSON
+    assert "<em>one</em>" in html_ and "<em>Think</em>" in html_
+    assert "innerHTML" in html_ and "MathJax.typesetPromise" not in html_
+    assert "mj.typesetPromise([out])" in html_
+    num = NumericExercise(key="t-md2", prompt="p", answer=1, hint="h",
+                          solution="s", mistakes=[(2, "left out $k^R$")])
+    assert r"left out \\(k^R\\)" in num.static_html()
+
+
+def test_static_controls_are_named_and_enter_checks():
+    html_ = numeric().static_html()
+    assert 'aria-label="Answer to exercise t-decay"' in html_
+    assert 'e.key === "Enter"' in html_
+    ch = ChoiceExercise(key="t-radio", prompt="p", options=["a", "b"],
+                        answer=0, hint="h", solution="s").static_html()
+    assert 'role="radiogroup"\naria-label="Options for exercise t-radio"' \
+        in ch
+    assert ch.count('name="ti-ex-t-radio-opt"') == 2
+    assert 'e.key === "Enter"' in ch
+
+
+def test_static_data_cannot_close_its_script():
+    ch = ChoiceExercise(key="t-script", prompt="p", options=["a", "b"],
+                        answer=0, hint="h", solution="s",
+                        explanations=["</script><b>x</b>", "`</p>`"])
+    body = ch._static_body()
+    script = body[body.index("<script>") + 8:body.index("</script>")]
+    assert "</" not in script

@@ -157,3 +157,22 @@ def test_show_source_without_checks_adds_no_marker(capsys):
         return x
     show_source(plain)
     assert "argument checks" not in capsys.readouterr().out
+
+
+def test_markdown_emphasis_and_inline():
+    # issue 13: "*all*" was shown with its asterisks
+    html = markdown_to_html("weights of *all* layers, **bold**, 2*3*4, "
+                            "a * b, `x*y*`, $a*b*c$")
+    assert "<em>all</em>" in html and "<strong>bold</strong>" in html
+    assert "2*3*4" in html and "a * b" in html
+    assert "<code>x*y*</code>" in html and "$a*b*c$" in html
+    line = markdown_to_html("It is *not* $b_i$.", tex_delimiters=True,
+                            inline=True)
+    assert line == r"It is <em>not</em> \(b_i\)."
+
+
+def test_static_sliders_announce_their_value():
+    ex = explorer()
+    html = ex.static_html()
+    assert 'aria-valuetext="' in html
+    assert 'setAttribute("aria-valuetext"' in html
