@@ -214,6 +214,9 @@ def source_lines(fn: Callable[..., Any], *, checks: bool = False) -> str:
 
 def figure_to_png(fig: Any, *, dpi: int = 72) -> bytes:
     """Render a matplotlib Figure to PNG bytes (no pyplot state touched)."""
+    if not hasattr(fig, "savefig"):
+        raise TypeError(f"fig must be a matplotlib Figure, got "
+                        f"{type(fig).__name__}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     return buf.getvalue()
