@@ -145,8 +145,8 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
           loss_fn: Callable = next_token_loss,
           eval_fn: Callable[[nn.Module], float] | None = None,
           eval_every: int = 0, optimizer: torch.optim.Optimizer | None = None,
-          start_step: int = 0, seed: int | None = 0,
-          progress: bool = True) -> History:
+          start_step: int = 0, total_steps: int | None = None,
+          seed: int | None = 0, progress: bool = True) -> History:
     r"""Train ``model`` in place for ``steps`` steps.
 
     Args:
@@ -163,11 +163,23 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
             and after the last step.
         optimizer: continue with this optimizer (e.g. from a checkpoint);
             default a new :func:`make_optimizer`.
-        start_step: the step count so far (resuming: the schedule and
-            the history continue from here).
-        seed: seeds torch's global generator (dropout) before step one;
-            ``None`` leaves it as it is (models without dropout).
+        start_step: the step count so far (resuming: the schedule, the
+            evaluation points and the history continue from here).
+        total_steps: $t_{\max}$, the length of the whole run, which the
+            cosine schedule decays over; default ``start_step + steps``.
+            A run cut into pieces passes the same ``total_steps`` to
+            every piece, so that each piece follows the one schedule.
+        seed: seeds torch's global generator (dropout) before the first
+            step of a fresh run; ``None`` leaves it as it is. A resumed
+            call (``start_step > 0``) never reseeds: it continues the
+            generator, which :func:`load_checkpoint` restores.
         progress: show a ``tqdm.auto`` progress bar.
+
+    Resuming exactly: with the model, the optimizer and torch's generator
+    restored by :func:`load_checkpoint`, the same ``total_steps``, and the
+    batch stream positioned after the ``start_step`` batches already used
+    (the step count is the data position: one batch per step), the resumed
+    steps are those of an uninterrupted run, bit for bit.
 
     Returns:
         A :class:`History`.
@@ -179,13 +191,18 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
     check_int("start_step", start_step, minimum=0)
     if clip_norm is not None:
         check_real("clip_norm", clip_norm, positive=True)
-    total = start_step + steps
-    lr_multiplier(0, warmup_steps=warmup_steps, total_steps=total,
+    end = start_step + steps                 # this call stops here
+    if total_steps is None:
+        total_steps = end
+    check_int("total_steps", total_steps, minimum=end)
+    lr_multiplier(0, warmup_steps=warmup_steps, total_steps=total_steps,
                   schedule=schedule)                   # validates early
     if optimizer is None:
         optimizer = make_optimizer(model, lr=lr, weight_decay=weight_decay)
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    if seed is not None:
+    if seed is not None and start_step == 0:
+        # A fresh run starts its dropout stream here; a resumed one goes
+        # on with the generator state restored from the checkpoint.
         torch.manual_seed(seed)
     history = History()
     from tqdm.auto import tqdm     # imported here: only train() needs it
@@ -201,9 +218,9 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
         # evaluation time does not count as training time
         start += time.perf_counter() - paused
 
-    for step in range(start_step, total):
+    for step in range(start_step, end):
         eta = lr * lr_multiplier(step, warmup_steps=warmup_steps,
-                                 total_steps=total, schedule=schedule)
+                                 total_steps=total_steps, schedule=schedule)
         for group in optimizer.param_groups:
             group["lr"] = eta
         batch = next(batch_iter)
@@ -221,13 +238,13 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
         history.grad_norm.append(norm.item())
         history.tokens += _count_targets(batch)
         if eval_fn is not None and eval_every and \
-                (step + 1 - start_step) % eval_every == 0 and step + 1 < total:
+                (step + 1) % eval_every == 0 and step + 1 < end:
             evaluate_now(step + 1)
         bar.update()
         bar.set_postfix(loss=f"{history.loss[-1]:.3f}", refresh=False)
     bar.close()
     if eval_fn is not None:
-        evaluate_now(total)
+        evaluate_now(end)
     history.seconds = time.perf_counter() - start
     return history
 
@@ -258,10 +275,14 @@ def evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], float]
 def save_checkpoint(path, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None, step: int,
                     **extra) -> None:
-    """Save model and optimizer state (AdamW's $m$, $v$) and the step.
+    """Save the model, the optimizer state (AdamW's $m$, $v$ and step
+    counts), the step and the state of torch's global generator.
 
-    Resuming needs the optimizer state too: without $m$ and $v$ the next
-    AdamW steps differ from those of an uninterrupted run. ``extra``
+    Resuming needs all of them: without $m$ and $v$ the next AdamW steps
+    differ from those of an uninterrupted run, and without the generator
+    state the dropout masks do. The step is also the data position (one
+    batch per step); put what recreates the batch stream, such as its
+    seed, into ``extra``. ``extra``
     values must be what :func:`load_checkpoint`'s safe loader
     (``weights_only=True``) reads back: None, bool, int, float, str,
     tensors, and lists, tuples and dicts of those; anything else (a NumPy
@@ -280,6 +301,7 @@ def save_checkpoint(path, model: nn.Module,
     torch.save({"model": model.state_dict(),
                 "optimizer": None if optimizer is None
                 else optimizer.state_dict(),
+                "rng": torch.get_rng_state(),          # dropout stream
                 "step": step, "extra": extra}, Path(path))
 
 
@@ -296,8 +318,15 @@ def _loadable(value) -> bool:
 
 
 def load_checkpoint(path, model: nn.Module,
-                    optimizer: torch.optim.Optimizer | None = None) -> dict:
+                    optimizer: torch.optim.Optimizer | None = None, *,
+                    restore_rng: bool = True) -> dict:
     """Load a :func:`save_checkpoint` file into ``model`` (and optimizer).
+
+    Args:
+        restore_rng: also set torch's global generator to the saved state,
+            so that a resumed run draws the dropout masks an uninterrupted
+            run would have drawn. ``False`` leaves the generator alone
+            (loading a model only to use it).
 
     Returns:
         ``{"step": int, **extra}``.
@@ -315,4 +344,6 @@ def load_checkpoint(path, model: nn.Module,
             raise ValueError(f"optimizer given, but {str(path)!r} holds no "
                              f"optimizer state")
         optimizer.load_state_dict(state["optimizer"])
+    if restore_rng and state.get("rng") is not None:
+        torch.set_rng_state(state["rng"])
     return {"step": state["step"], **state["extra"]}

@@ -1,4 +1,5 @@
 """Tests for course_lib.training: schedule, optimizer, loop, checkpoints."""
+import itertools
 import math
 
 import pytest
@@ -374,3 +375,136 @@ def test_loss_over_no_counted_target_is_an_error():
     with pytest.raises(ValueError, match="at least one target that is not "
                        "IGNORE"):
         T.next_token_loss(model, (inputs, torch.full((2, 3), ST.IGNORE)))
+
+
+# ------------------------------------------------------- exact resumption
+def _resume_setup():
+    """A model with dropout 0.1 on chapter 7's language, and its data."""
+    from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
+    src = Mk.random_markov_source(vocab_size=16, order=2, branching=3,
+                                  seed=0)
+
+    def new_model(init_seed):
+        torch.manual_seed(init_seed)
+        return DecoderLM(DecoderLMConfig(vocab_size=16, d_model=32,
+                                         n_heads=4, n_layers=2, max_len=16,
+                                         dropout=0.1))
+
+    def data():
+        return Mk.lm_batches(src, batch_size=4, length=16, seed=3)
+    return new_model, data
+
+
+RECIPE = dict(lr=1e-2, warmup_steps=2, schedule="cosine", weight_decay=0.1,
+              clip_norm=1.0, progress=False)
+
+
+def _run_in_two_pieces(tmp_path, *, horizon=10, restore_rng=True):
+    """5 steps, checkpoint, a new process's worth of state, 5 more."""
+    new_model, data = _resume_setup()
+    model = new_model(0)
+    opt = T.make_optimizer(model, lr=1e-2, weight_decay=0.1)
+    h1 = T.train(model, data(), steps=5, total_steps=horizon, optimizer=opt,
+                 seed=5, **RECIPE)
+    T.save_checkpoint(tmp_path / "c.pt", model, opt, 5, data_seed=3)
+    del model, opt
+    torch.manual_seed(12345)              # whatever happened in between
+    model = new_model(1)                  # a different initialisation
+    opt = T.make_optimizer(model, lr=1e-2, weight_decay=0.1)
+    meta = T.load_checkpoint(tmp_path / "c.pt", model, opt,
+                             restore_rng=restore_rng)
+    assert meta == {"step": 5, "data_seed": 3}
+    rest = itertools.islice(data(), meta["step"], None)   # data position
+    h2 = T.train(model, rest, steps=5, start_step=5, total_steps=10,
+                 optimizer=opt, seed=5, **RECIPE)
+    return model, h1, h2
+
+
+def _uninterrupted():
+    new_model, data = _resume_setup()
+    model = new_model(0)
+    opt = T.make_optimizer(model, lr=1e-2, weight_decay=0.1)
+    hist = T.train(model, data(), steps=10, optimizer=opt, seed=5, **RECIPE)
+    return model, hist
+
+
+def test_resumed_run_equals_uninterrupted_run_bit_for_bit(tmp_path):
+    # Cosine schedule with warmup, dropout 0.1, AdamW with weight decay,
+    # clipping: 5 steps + checkpoint + 5 resumed steps must end exactly
+    # where 10 uninterrupted steps end (review of chapters 5-8, finding 2).
+    ref, hist = _uninterrupted()
+    model, h1, h2 = _run_in_two_pieces(tmp_path)
+    assert h1.step + h2.step == hist.step == list(range(10))
+    assert h1.lr + h2.lr == hist.lr               # one schedule, not two
+    assert h1.loss + h2.loss == hist.loss         # same dropout masks
+    for (name, a), b in zip(ref.named_parameters(), model.parameters()):
+        assert torch.equal(a, b), name
+    # the schedule is the whole run's: it reaches 0 only at step 10
+    assert hist.lr[4] > 0.5 * RECIPE["lr"] and hist.lr[-1] < 0.05 * 1e-2
+
+
+@pytest.mark.parametrize("control", ["generator not restored",
+                                     "first piece on its own horizon"])
+def test_resumption_without_generator_or_horizon_differs(tmp_path,
+                                                         control):
+    # The controls that make the test above meaningful: dropout really
+    # draws from the generator, and the horizon really changes the steps
+    # (the old train() decayed the first piece's cosine over 5 steps).
+    ref, hist = _uninterrupted()
+    if control == "generator not restored":
+        model, h1, h2 = _run_in_two_pieces(tmp_path, restore_rng=False)
+    else:
+        model, h1, h2 = _run_in_two_pieces(tmp_path, horizon=5)
+    assert h1.loss + h2.loss != hist.loss
+    assert not all(torch.equal(a, b) for a, b in
+                   zip(ref.parameters(), model.parameters()))
+
+
+def test_resumed_call_does_not_reseed():
+    # A call with start_step > 0 continues the generator it finds.
+    batch = next(Mk.lm_batches(_source(), batch_size=4, length=8))
+
+    def loss(generator_seed, seed):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Embedding(8, 16), nn.Dropout(0.5),
+                              nn.Linear(16, 8))
+        torch.manual_seed(generator_seed)
+        return T.train(model, iter([batch]), steps=1, lr=1e-3,
+                       start_step=3, seed=seed, progress=False).loss
+    assert loss(7, seed=0) == loss(7, seed=None)
+    assert loss(7, seed=0) != loss(0, seed=None)
+
+
+def test_total_steps_bad_inputs():
+    model = Bigram()
+    batches = Mk.lm_batches(_source(), batch_size=2, length=4)
+    with pytest.raises(ValueError, match="total_steps must be >= 8, got 7"):
+        T.train(model, batches, steps=5, start_step=3, total_steps=7,
+                lr=1e-3, progress=False)
+
+
+def test_cosine_piece_follows_the_whole_schedule():
+    model = Bigram()
+    batches = Mk.lm_batches(_source(), batch_size=4, length=8)
+    hist = T.train(model, batches, steps=3, start_step=4, total_steps=12,
+                   lr=0.01, warmup_steps=2, schedule="cosine",
+                   progress=False)
+    assert hist.step == [4, 5, 6]
+    assert hist.lr == pytest.approx(
+        [0.01 * T.lr_multiplier(s, warmup_steps=2, total_steps=12,
+                                schedule="cosine") for s in (4, 5, 6)],
+        rel=1e-12)
+
+
+def test_checkpoint_stores_and_restores_the_generator(tmp_path):
+    model = nn.Linear(2, 2)
+    torch.manual_seed(3)
+    T.save_checkpoint(tmp_path / "g.pt", model, None, 1)
+    expected = torch.rand(5)
+    torch.manual_seed(99)
+    T.load_checkpoint(tmp_path / "g.pt", model)
+    assert torch.equal(torch.rand(5), expected)
+    torch.manual_seed(99)
+    untouched = torch.get_rng_state()
+    T.load_checkpoint(tmp_path / "g.pt", model, restore_rng=False)
+    assert torch.equal(torch.get_rng_state(), untouched)
