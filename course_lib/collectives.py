@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .validation import check_type
+
 __all__ = ["group_rank_and_size", "copy_to_parallel", "reduce_from_parallel",
            "all_to_all"]
 
@@ -137,6 +139,7 @@ def all_to_all(x: torch.Tensor, out_splits: list[int],
 
     Introduced in chapter 14.
     """
+    check_type("x", x, torch.Tensor, "a torch.Tensor")
     W = group_rank_and_size(group)[1]
     if len(out_splits) != W or len(in_splits) != W \
             or sum(in_splits) != x.shape[0]:

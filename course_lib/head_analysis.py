@@ -32,7 +32,7 @@ from .masking import causal_mask
 from .mha import MultiHeadAttention
 from .special_tokens import IGNORE
 from .training import next_token_loss, train
-from .validation import check_int
+from .validation import check_int, check_type
 
 __all__ = ["BOS", "induction_batch", "TinyAttentionModel",
            "train_induction", "accuracy", "head_scores", "copy_head",
@@ -201,6 +201,7 @@ def accuracy(model: TinyAttentionModel, inputs: torch.Tensor,
 
     Introduced in chapter 5.
     """
+    check_type("model", model, TinyAttentionModel, "a TinyAttentionModel")
     n_layers, n_heads = len(model.layers), model.layers[0].n_heads
     for pair in ablate:
         if not (isinstance(pair, tuple) and len(pair) == 2):
@@ -249,6 +250,8 @@ def head_scores(weights: torch.Tensor, tokens: torch.Tensor, *,
 
     Introduced in chapter 5.
     """
+    check_type("weights", weights, torch.Tensor, "a torch.Tensor")
+    check_type("tokens", tokens, torch.Tensor, "a torch.Tensor")
     if weights.dim() != 4 or tokens.dim() != 2 \
             or weights.shape[0] != tokens.shape[0] \
             or weights.shape[2:] != (tokens.shape[1], tokens.shape[1]):
@@ -296,6 +299,7 @@ def copy_head(mha: MultiHeadAttention, *, src: int, dst: int) -> None:
 
     Introduced in chapter 5.
     """
+    check_type("mha", mha, MultiHeadAttention, "a MultiHeadAttention")
     if mha.n_kv_heads != mha.n_heads:
         raise ValueError(f"copy_head needs n_kv_heads == n_heads, got "
                          f"{mha.n_kv_heads} and {mha.n_heads}")
@@ -322,6 +326,7 @@ def head_distance(mha: MultiHeadAttention, a: int, b: int) -> float:
 
     Introduced in chapter 5.
     """
+    check_type("mha", mha, MultiHeadAttention, "a MultiHeadAttention")
     _check_index("a", a, mha.n_heads)
     _check_index("b", b, mha.n_heads)
     d = mha.head_dim

@@ -33,7 +33,7 @@ from torch import nn
 from .decoder_lm import DecoderLM, DecoderLMConfig
 from .special_tokens import IGNORE
 from .training import History, next_token_loss, train
-from .validation import check_int
+from .validation import check_int, check_type
 
 __all__ = ["MarkovSource", "random_markov_source", "stationary_distribution",
            "entropy_rate", "sample_markov", "token_nll", "lm_batches",
@@ -91,6 +91,7 @@ def stationary_distribution(source: MarkovSource) -> torch.Tensor:
 
     Introduced in chapter 7.
     """
+    check_type("source", source, MarkovSource, "a MarkovSource")
     M = _transition_matrix(source)                           # (C, C)
     C = M.shape[0]
     # pi (M - I) = 0 has a one-dimensional solution space; replacing one
@@ -110,6 +111,7 @@ def entropy_rate(source: MarkovSource) -> float:
 
     Introduced in chapter 7.
     """
+    check_type("source", source, MarkovSource, "a MarkovSource")
     P = source.probs
     # H(P[c, .]) = -sum_x P log P, with 0 log 0 = 0
     per_context = -(P * torch.where(P > 0, P.log(), 0.0)).sum(-1)  # (C,)
@@ -218,6 +220,8 @@ def token_nll(source: MarkovSource, seqs: torch.Tensor) -> torch.Tensor:
 
     Introduced in chapter 7.
     """
+    check_type("source", source, MarkovSource, "a MarkovSource")
+    check_type("seqs", seqs, torch.Tensor, "a torch.Tensor")
     if seqs.dim() != 2 or seqs.shape[1] <= source.order:
         raise ValueError(f"seqs must have shape (B, T) with T > order="
                          f"{source.order}, got {tuple(seqs.shape)}")

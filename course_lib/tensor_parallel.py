@@ -45,7 +45,7 @@ from .mha import (MultiHeadAttention, _fused_gqa, mask_to_4d, merge_heads,
                   query_positions, repeat_kv, split_heads)
 from .collectives import (_need_group, copy_to_parallel, group_rank_and_size,
                        reduce_from_parallel)
-from .validation import check_int
+from .validation import check_int, check_type
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear",
            "TensorParallelSwiGLU", "TensorParallelAttention"]
@@ -108,6 +108,7 @@ class ColumnParallelLinear(nn.Module):
                  rank: int | None = None, world_size: int | None = None,
                  copy_input: bool = True) -> None:
         super().__init__()
+        check_type("linear", linear, nn.Linear, "an nn.Linear")
         self.rank, self.world_size = _rank_and_size(group, rank, world_size)
         _check_linear("linear", linear, linear.out_features, "out_features",
                       self.world_size)
@@ -149,6 +150,7 @@ class RowParallelLinear(nn.Module):
                  rank: int | None = None,
                  world_size: int | None = None) -> None:
         super().__init__()
+        check_type("linear", linear, nn.Linear, "an nn.Linear")
         self.rank, self.world_size = _rank_and_size(group, rank, world_size)
         _check_linear("linear", linear, linear.in_features, "in_features",
                       self.world_size)

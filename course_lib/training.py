@@ -44,7 +44,7 @@ from torch import nn
 
 from .special_tokens import IGNORE
 from .threads import small_ops
-from .validation import check_int, check_real
+from .validation import check_batch, check_int, check_real, check_type
 
 __all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History",
            "train", "evaluate", "save_checkpoint", "load_checkpoint"]
@@ -91,6 +91,7 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float = 0.0,
 
     Introduced in chapter 7.
     """
+    check_type("model", model, nn.Module, "a torch.nn.Module")
     check_real("lr", lr, positive=True)
     check_real("weight_decay", weight_decay)
     if weight_decay < 0:
@@ -116,6 +117,7 @@ def next_token_loss(model: nn.Module, batch) -> torch.Tensor:
 
     Introduced in chapter 7.
     """
+    check_batch("batch", batch, ("inputs", "targets"))
     inputs, targets = batch
     if not (targets != IGNORE).any():
         raise ValueError("targets must hold at least one target that is not "
@@ -264,6 +266,7 @@ def evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], float]
 
     Introduced in chapter 7.
     """
+    check_type("model", model, nn.Module, "a torch.nn.Module")
     was_training = model.training
     model.eval()
     try:

@@ -30,7 +30,7 @@ from torch import nn
 from .special_tokens import BOS, EOS, IGNORE, PAD, SPECIALS
 from .training import History, train
 from .transformer import Transformer, TransformerConfig, greedy_decode
-from .validation import check_int
+from .validation import check_batch, check_int, check_type
 
 __all__ = ["TranslationTask", "translate", "make_translation_task",
            "collate_translation", "translation_batches", "seq2seq_loss",
@@ -212,6 +212,7 @@ def seq2seq_loss(model: nn.Module, batch) -> torch.Tensor:
 
     Introduced in chapter 7.
     """
+    check_batch("batch", batch, ("src", "tgt_in", "tgt_out"))
     src, tgt_in, tgt_out = batch
     logits = model(src, tgt_in,
                    src_lengths=(src != PAD).sum(1).tolist())  # (B, T, V)
@@ -237,6 +238,7 @@ def translation_model(task: TranslationTask, *, seed: int = 0
 
     Introduced in chapter 7.
     """
+    check_type("task", task, TranslationTask, "a TranslationTask")
     torch.manual_seed(seed)
     model = Transformer(TransformerConfig(
         src_vocab_size=len(task.src_vocab),
@@ -281,6 +283,7 @@ def greedy_translate(model: nn.Module, task: TranslationTask,
 
     Introduced in chapter 7.
     """
+    check_type("task", task, TranslationTask, "a TranslationTask")
     src = collate_translation(task, [(s, []) for s in sentences])[0]
     ids = greedy_decode(model, src, max_len=src.shape[1] + 2, bos_id=BOS,
                         eos_id=EOS, src_lengths=(src != PAD).sum(1).tolist())

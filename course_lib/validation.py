@@ -14,7 +14,7 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["check_type", "check_attrs", "check_bool", "check_int", "check_real", "check_top_k",
+__all__ = ["check_type", "check_attrs", "check_batch", "check_bool", "check_int", "check_real", "check_top_k",
            "check_dropout", "check_lengths", "check_bool_mask", "check_ids",
            "check_token_ids", "config_field", "broadcasts_to"]
 
@@ -38,6 +38,18 @@ def check_attrs(name: str, value, attrs, what: str) -> None:
         raise TypeError(f"{name} must be {what}, got "
                         f"{type(value).__name__} without "
                         f"{', '.join(missing)}")
+
+
+def check_batch(name: str, batch, parts: tuple[str, ...]) -> None:
+    """``batch`` must be a tuple or list of ``len(parts)`` tensors, named
+    ``parts`` in the message (``("inputs", "targets")``)."""
+    what = f"a tuple ({', '.join(parts)}) of tensors"
+    if not isinstance(batch, (tuple, list)) or len(batch) != len(parts):
+        raise TypeError(f"{name} must be {what}, got "
+                        f"{type(batch).__name__}")
+    for part, value in zip(parts, batch):
+        check_type(f"{name}'s {part}", value, torch.Tensor,
+                   "a torch.Tensor")
 
 
 def check_bool(name: str, value) -> None:

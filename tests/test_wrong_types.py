@@ -1,11 +1,75 @@
 """An argument of the wrong type fails at the call with a TypeError (or
 ValueError) that names the argument, never with an AttributeError from
-deep inside (the bad-input probe's "wrong types" finding).
+deep inside (issue: the bad-input probe's "wrong types" finding).
+
+``test_public_api_rejects_wrong_types`` calls every public function and
+class of course_lib with junk in all its required arguments and accepts
+only a TypeError or a ValueError (or no error at all, for plain data
+containers and functions that accept anything).
 """
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import signal
+
 import pytest
 import torch
 
+import course_lib
 from course_lib.validation import check_bool, check_type
+
+JUNK = [object(), "abc", None, [1, 2], 3.5]
+SLOW = {"time_recurrence_vs_attention"}     # accepts lists, then times
+
+
+def public_callables():
+    for info in pkgutil.iter_modules(course_lib.__path__):
+        module = importlib.import_module(f"course_lib.{info.name}")
+        for name, obj in sorted(vars(module).items()):
+            if (name.startswith("_") or name in SLOW
+                    or getattr(obj, "__module__", None) != module.__name__
+                    or not (inspect.isfunction(obj) or inspect.isclass(obj))
+                    or dataclasses.is_dataclass(obj)):
+                continue
+            try:
+                params = inspect.signature(obj).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            required = [p.name for p in params
+                        if p.default is p.empty and p.name != "self"
+                        and p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                       p.KEYWORD_ONLY)]
+            if required:
+                yield f"{info.name}.{name}", obj, required
+
+
+def _alarm(*_):
+    raise TimeoutError
+
+
+@pytest.mark.parametrize("qualname,obj,required",
+                         list(public_callables()),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_public_api_rejects_wrong_types(qualname, obj, required):
+    old = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        for junk in JUNK:
+            signal.alarm(10)
+            try:
+                obj(**{name: junk for name in required})
+            except (TypeError, ValueError):
+                pass
+            except TimeoutError:
+                pytest.fail(f"{qualname} with {junk!r}: no answer in 10 s")
+            except Exception as exc:  # noqa: BLE001 - the point of the test
+                pytest.fail(f"{qualname}({', '.join(required)} = "
+                            f"{junk!r}) raised {type(exc).__name__}: {exc}")
+            finally:
+                signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+
 
 def test_check_type_names_argument_and_types():
     check_type("x", torch.zeros(1), torch.Tensor, "a torch.Tensor")
