@@ -240,9 +240,10 @@ def recurrence_and_attention(x: torch.Tensor, w_ih: torch.Tensor,
 
     Introduced in chapter 1.
     """
-    for name, w in (("x", x), ("w_ih", w_ih), ("w_hh", w_hh),
-                    ("w_qkv", w_qkv)):
-        check_type(name, w, torch.Tensor, "a torch.Tensor")
+    check_type("x", x, torch.Tensor, "a torch.Tensor")
+    check_type("w_ih", w_ih, torch.Tensor, "a torch.Tensor")
+    check_type("w_hh", w_hh, torch.Tensor, "a torch.Tensor")
+    check_type("w_qkv", w_qkv, torch.Tensor, "a torch.Tensor")
     batch, T, d_model = x.shape
 
     @small_ops()  # T tiny steps: one thread, see course_lib.threads
