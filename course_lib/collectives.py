@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .validation import check_type
+from .validation import check_int, check_type
 
 __all__ = ["group_rank_and_size", "copy_to_parallel", "reduce_from_parallel",
            "all_to_all"]
@@ -43,6 +43,22 @@ def group_rank_and_size(group=None) -> tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _rank_and_size(group, rank, world_size) -> tuple[int, int]:
+    """The group's rank and size, or the ones given (to build shards
+    without a process group, e.g. to inspect them)."""
+    if (rank is None) != (world_size is None):
+        raise ValueError(f"pass rank and world_size together or neither, "
+                         f"got rank={rank!r}, world_size={world_size!r}")
+    if rank is None:
+        return group_rank_and_size(group)
+    check_int("world_size", world_size, minimum=1)
+    check_int("rank", rank, minimum=0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be < world_size={world_size}, got "
+                         f"{rank}")
+    return rank, world_size
 
 
 def _need_group(group, world_size: int) -> None:

@@ -45,8 +45,8 @@ from torch import nn
 
 from .load_balancing import expert_load, load_balancing_loss
 from .moe import MoE, MoEInfo
-from .collectives import _need_group, all_to_all, group_rank_and_size
-from .validation import check_int
+from .collectives import _need_group, _rank_and_size, all_to_all
+from .validation import check_int, check_type
 
 __all__ = ["ExpertParallelStats", "ExpertParallelMoE", "all_to_all_bytes"]
 
@@ -162,20 +162,8 @@ class ExpertParallelMoE(nn.Module):
     def __init__(self, moe: MoE, group=None, *, rank: int | None = None,
                  world_size: int | None = None) -> None:
         super().__init__()
-        if not isinstance(moe, MoE):
-            raise TypeError(f"moe must be a course_lib MoE, got "
-                            f"{type(moe).__name__}")
-        if (rank is None) != (world_size is None):
-            raise ValueError(f"pass rank and world_size together or "
-                             f"neither, got rank={rank!r}, "
-                             f"world_size={world_size!r}")
-        if rank is None:
-            rank, world_size = group_rank_and_size(group)
-        check_int("world_size", world_size, minimum=1)
-        check_int("rank", rank, minimum=0)
-        if rank >= world_size:
-            raise ValueError(f"rank must be < world_size={world_size}, "
-                             f"got {rank}")
+        check_type("moe", moe, MoE, "a course_lib MoE")
+        rank, world_size = _rank_and_size(group, rank, world_size)
         if moe.n_experts % world_size:
             raise ValueError(f"world_size={world_size} must divide the "
                              f"moe's n_experts, got {moe.n_experts}")

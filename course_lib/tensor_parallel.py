@@ -43,28 +43,12 @@ from .attention import scaled_dot_product_attention
 from .layers import SwiGLU
 from .mha import (MultiHeadAttention, _fused_gqa, mask_to_4d, merge_heads,
                   query_positions, repeat_kv, split_heads)
-from .collectives import (_need_group, copy_to_parallel, group_rank_and_size,
-                       reduce_from_parallel)
-from .validation import check_int, check_type
+from .collectives import (_need_group, _rank_and_size, copy_to_parallel,
+                          reduce_from_parallel)
+from .validation import check_type
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear",
            "TensorParallelSwiGLU", "TensorParallelAttention"]
-
-
-def _rank_and_size(group, rank, world_size) -> tuple[int, int]:
-    """The group's rank and size, or the ones given (to build shards
-    without a process group, e.g. to inspect them)."""
-    if (rank is None) != (world_size is None):
-        raise ValueError(f"pass rank and world_size together or neither, "
-                         f"got rank={rank!r}, world_size={world_size!r}")
-    if rank is None:
-        return group_rank_and_size(group)
-    check_int("world_size", world_size, minimum=1)
-    check_int("rank", rank, minimum=0)
-    if rank >= world_size:
-        raise ValueError(f"rank must be < world_size={world_size}, got "
-                         f"{rank}")
-    return rank, world_size
 
 
 def _shard(t: torch.Tensor | None, dim: int, rank: int, world_size: int):
@@ -77,9 +61,6 @@ def _shard(t: torch.Tensor | None, dim: int, rank: int, world_size: int):
 
 
 def _check_linear(name: str, linear, n: int, what: str, W: int) -> None:
-    if not isinstance(linear, nn.Linear):
-        raise TypeError(f"{name} must be an nn.Linear, got "
-                        f"{type(linear).__name__}")
     if n % W:
         raise ValueError(f"world_size={W} must divide {name}'s {what}, "
                          f"got {what}={n}")
@@ -192,9 +173,7 @@ class TensorParallelSwiGLU(nn.Module):
     def __init__(self, ffn: SwiGLU, group=None, *, rank: int | None = None,
                  world_size: int | None = None) -> None:
         super().__init__()
-        if not isinstance(ffn, SwiGLU):
-            raise TypeError(f"ffn must be a course_lib SwiGLU, got "
-                            f"{type(ffn).__name__}")
+        check_type("ffn", ffn, SwiGLU, "a course_lib SwiGLU")
         rank, world_size = _rank_and_size(group, rank, world_size)
         if ffn.d_hidden % world_size:
             raise ValueError(f"world_size={world_size} must divide the "
@@ -243,9 +222,8 @@ class TensorParallelAttention(nn.Module):
                  rank: int | None = None,
                  world_size: int | None = None) -> None:
         super().__init__()
-        if not isinstance(mha, MultiHeadAttention):
-            raise TypeError(f"mha must be a course_lib MultiHeadAttention, "
-                            f"got {type(mha).__name__}")
+        check_type("mha", mha, MultiHeadAttention,
+                   "a course_lib MultiHeadAttention")
         rank, world_size = _rank_and_size(group, rank, world_size)
         if mha.n_heads % world_size or mha.n_kv_heads % world_size:
             raise ValueError(

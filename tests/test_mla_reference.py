@@ -102,8 +102,10 @@ def test_interleaved_pairs_are_what_the_released_layout_needs():
                               ref_forward(ref, rot, x, pos), atol=ATOL)
 
 
-def test_cache_contents_and_decode_match_reference():
-    ours, ref, rot = pair()
+def cached_decode(ours, ref, rot):
+    """Prefill 4 positions, then decode 2 one at a time, with the absorbed
+    path and a course_lib cache against HF with its DynamicCache; each
+    step's output must agree. Returns both caches."""
     torch.manual_seed(123)
     x = torch.randn(2, 6, 48)
     mine, theirs = LayerKVCache(), DynamicCache()
@@ -114,6 +116,12 @@ def test_cache_contents_and_decode_match_reference():
             got = ours(x[:, lo:hi], causal_mask(hi - lo, hi), cache=mine,
                        absorb=True)
             assert torch.allclose(got, want, atol=ATOL)
+    return mine, theirs
+
+
+def test_cache_contents_and_decode_match_reference():
+    ours, ref, rot = pair()
+    mine, theirs = cached_decode(ours, ref, rot)
     kv_ref, rope_ref = theirs.layers[0].keys, theirs.layers[0].values
     c_kv, k_rope = mine.tensors
     assert torch.allclose(c_kv[:, None], kv_ref, atol=1e-6)  # same latent
@@ -188,16 +196,7 @@ def test_yarn_equals_reference_at_long_positions(absorb, start):
 
 def test_yarn_cache_decode_matches_reference():
     ours, ref, rot = pair(rope_scaling=V3_YARN, dims=YDIMS)
-    torch.manual_seed(123)
-    x = torch.randn(2, 6, 48)
-    mine, theirs = LayerKVCache(), DynamicCache()
-    with torch.no_grad():
-        for lo, hi in ((0, 4), (4, 5), (5, 6)):           # prefill, decode
-            pos = torch.arange(lo, hi)
-            want = ref_forward(ref, rot, x[:, lo:hi], pos, cache=theirs)
-            got = ours(x[:, lo:hi], causal_mask(hi - lo, hi), cache=mine,
-                       absorb=True)
-            assert torch.allclose(got, want, atol=ATOL)
+    mine, theirs = cached_decode(ours, ref, rot)
     perm = rope_permutation(16)                           # same rotated k^R
     assert torch.allclose(mine.tensors[1][..., perm],
                           theirs.layers[0].values, atol=1e-6)

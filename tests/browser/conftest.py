@@ -68,12 +68,17 @@ def browser():
         b.close()
 
 
+def new_page(browser, **context_options):
+    """A page in a fresh browser context (viewport, colour scheme...);
+    use as ``yield from new_page(...)`` in a fixture."""
+    context = browser.new_context(**context_options)
+    yield context.new_page()
+    context.close()
+
+
 @pytest.fixture()
 def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    yield pg
-    context.close()
+    yield from new_page(browser, viewport={"width": 1280, "height": 900})
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import re
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, new_page
 from test_pages import CHAPTERS, PAGES
 
 pytestmark = pytest.mark.browser
@@ -279,10 +279,7 @@ def test_keyboard_alone_uses_every_explorer_and_exercise(site, page, rel):
 # -- 4. phone width -------------------------------------------------------------
 @pytest.fixture()
 def phone(browser):
-    context = browser.new_context(viewport={"width": 390, "height": 844})
-    pg = context.new_page()
-    yield pg
-    context.close()
+    yield from new_page(browser, viewport={"width": 390, "height": 844})
 
 
 @pytest.mark.parametrize("rel", PAGES)
@@ -325,11 +322,8 @@ CONTRAST_JS = """(el) => {
 
 @pytest.fixture()
 def dark(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900},
-                                  color_scheme="dark")
-    pg = context.new_page()
-    yield pg
-    context.close()
+    yield from new_page(browser, viewport={"width": 1280, "height": 900},
+                        color_scheme="dark")
 
 
 @pytest.mark.parametrize("rel", CHAPTER_PAGES)
