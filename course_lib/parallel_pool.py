@@ -225,7 +225,7 @@ class Pool:
 
         Raises:
             ParallelError: a rank raised or the call timed out; the pool
-                is then closed.
+                is then closed (as it is after a KeyboardInterrupt).
 
         Introduced in chapter 14.
         """
@@ -239,7 +239,13 @@ class Pool:
         self._calls += 1
         for q in self._tasks:
             q.put((self._calls, worker, args, kwargs))
-        return self._collect(self._calls, timeout)
+        try:
+            return self._collect(self._calls, timeout)
+        except KeyboardInterrupt:
+            # an interrupted cell: the ranks may be inside a collective
+            # with no way back, so stop them rather than guess
+            self._stop()
+            raise
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop every rank (ask it to leave its process group and exit,

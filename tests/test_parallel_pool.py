@@ -51,6 +51,14 @@ def test_pool_results_equal_run_and_the_ranks_are_reused():
         again = pool.run(parallel_checks.check_expert_parallel, 0)
         assert pool.run(parallel_checks.sleep_on_rank, 0.0) == [0, 1]
         assert pool.pids == pids and all(_alive(p) for p in pids)
+        # an interrupted cell (Ctrl-C while waiting) stops the ranks
+
+        def interrupted(*_):
+            raise KeyboardInterrupt
+        pool._collect = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            pool.run(parallel_checks.sleep_on_rank, 0.0)
+        assert pool.closed
     for got in (first, again):
         for rank in range(2):
             for case, r in expected[rank].items():
