@@ -74,6 +74,12 @@ Part V, a real model at scale
   all-to-alls and their byte counters (chapter 14)
 - ``parallel_checks``: workers that compare the parallel layers with the
   single-process ones (chapter 14)
+- ``parallel_pool``: ``Pool``, ranks and their process group started once
+  and reused across notebook cells (chapter 14)
+- ``node_routing``: traffic that crosses node boundaries, per slot and
+  per node (chapter 14)
+- ``scaling_experiments``: chapter 14's experiments as spawnable workers
+  (chapter 14)
 
 Shape letters, the same in every module (a module's docstring lists the
 ones it uses, and any of its own):
