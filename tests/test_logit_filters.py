@@ -113,3 +113,25 @@ def test_min_p_rejects_bad_logits():
         min_p_filter([1.0, 2.0], 0.1)
     with pytest.raises(ValueError, match="logits"):
         min_p_filter(torch.tensor([1, 2]), 0.1)
+
+
+def test_chain_equals_hugging_face_warpers():
+    # an independent reference: transformers' own warpers, in the order
+    # its generate() builds them (temperature, top-k, top-p, min-p)
+    warpers = pytest.importorskip("transformers.generation.logits_process")
+    torch.manual_seed(1)
+    z = torch.randn(64, 30) * 2.5        # continuous: no ties, no p on a sum
+    for tau, k, p, mp in [(0.7, None, None, 0.1), (1.5, 10, 0.9, 0.05),
+                          (1.0, None, 0.8, 0.2), (2.0, 5, None, 0.3)]:
+        chain = [warpers.TemperatureLogitsWarper(tau)]
+        if k is not None:
+            chain.append(warpers.TopKLogitsWarper(k))
+        if p is not None:
+            chain.append(warpers.TopPLogitsWarper(p))
+        chain.append(warpers.MinPLogitsWarper(mp))
+        hf = z.clone()
+        for w in chain:
+            hf = w(None, hf)
+        ours = S.sampling_distribution(z, temperature=tau, top_k=k,
+                                       top_p=p, min_p=mp)
+        torch.testing.assert_close(ours, F.softmax(hf, -1))
