@@ -105,8 +105,8 @@ def train_char_lm(*, steps: int, batch_size: int, length: int, lr: float,
 
 @torch.no_grad()
 def bits_per_char(model: torch.nn.Module, ids: torch.Tensor, *,
-                  context: int) -> float:
-    r"""Mean $-\log_2 q(x_t \mid x_{<t})$ over $t = 1, \dots, N-1$.
+                  context: int, start: int = 1) -> float:
+    r"""Mean $-\log_2 q(x_t \mid x_{<t})$ over $t = s, \dots, N-1$.
 
     Every character but the first is predicted once, from at least
     ``context // 2`` and at most ``context`` preceding characters (fewer
@@ -119,15 +119,22 @@ def bits_per_char(model: torch.nn.Module, ids: torch.Tensor, *,
         model: ``(B, T) -> (B, T, V)`` logits, ``T <= context``.
         ids: ``(N,)`` long, ``N >= 2``.
         context: the window length, at least 2.
+        start: $s \ge 1$, the first target scored (earlier characters
+            are still read as context); e.g. to score exactly the
+            characters another model scores.
 
     Introduced in chapter 7.
     """
     check_type("model", model, torch.nn.Module, "a torch.nn.Module")
     check_type("ids", ids, torch.Tensor, "a torch.Tensor")
     check_int("context", context, minimum=2)
+    check_int("start", start, minimum=1)
     if ids.dim() != 1 or ids.dtype != torch.long or ids.numel() < 2:
         raise ValueError(f"ids must be a 1-d long tensor of at least 2 "
                          f"ids, got shape {tuple(ids.shape)} {ids.dtype}")
+    if start >= ids.numel():
+        raise ValueError(f"start must be < len(ids)={ids.numel()}, got "
+                         f"{start}")
     stride, n = context // 2, ids.numel()
     windows, end, b = [], 0, 0     # end: last target index scored so far
     while end < n - 1:
@@ -146,11 +153,12 @@ def bits_per_char(model: torch.nn.Module, ids: torch.Tensor, *,
                 logits = model(rows[:, :-1])                   # (B, T, V)
                 nll = F.cross_entropy(logits.transpose(1, 2), rows[:, 1:],
                                       reduction="none")        # (B, T)
-                for row, (_, _, first) in zip(nll, same):
+                for row, (b, _, first) in zip(nll, same):
+                    first = max(first, start - 1 - b)   # global b + 1 + j
                     total += row[first:].double().sum().item()
     finally:
         model.train(was_training)
-    return total / (n - 1) / math.log(2)
+    return total / (n - start) / math.log(2)
 
 
 def save_char_lm(path, model: DecoderLM, info: dict) -> None:

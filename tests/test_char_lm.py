@@ -39,6 +39,12 @@ def test_bits_per_char_equals_a_loop_over_targets(n):
         total -= F.log_softmax(logits, -1)[ids[t]].item()
     got = CL.bits_per_char(model, ids, context=context)
     assert got == pytest.approx(total / (n - 1) / math.log(2), rel=1e-5)
+    if n > 3:                       # score only t >= 3, same contexts
+        first = sum(-F.log_softmax(model(ids[None, :t])[0, -1], -1)[ids[t]]
+                    .item() for t in (1, 2))
+        got = CL.bits_per_char(model, ids, context=context, start=3)
+        assert got == pytest.approx((total - first) / (n - 3) / math.log(2),
+                                    rel=1e-5)
 
 
 def test_bits_per_char_errors_and_mode():
@@ -47,6 +53,8 @@ def test_bits_per_char_errors_and_mode():
         CL.bits_per_char(model, torch.tensor([1]), context=4)
     with pytest.raises(ValueError, match="context must be >= 2"):
         CL.bits_per_char(model, torch.tensor([1, 2]), context=1)
+    with pytest.raises(ValueError, match="start must be < len"):
+        CL.bits_per_char(model, torch.tensor([1, 2]), context=4, start=2)
     CL.bits_per_char(model, torch.tensor([1, 2, 3]), context=4)
     assert model.training                               # mode restored
 
