@@ -93,3 +93,35 @@ def test_save_and_load_round_trip(tmp_path):
         assert torch.equal(a.half().float(), b), name    # float16 storage
     with pytest.raises(ValueError, match="make checkpoints"):
         CL.load_char_lm(tmp_path / "missing.pt")
+
+
+@pytest.mark.parametrize("V,eps", [(96, 0.1), (16, 0.1), (5, 0.3)])
+def test_label_smoothing_minimum_closed_form(V, eps):
+    """Chapter 7: the smoothed loss -sum_v y'_v log q_v has its minimum
+    H(y') at q = y', with y' = (1 - eps) one-hot + eps / V."""
+    p_top = 1 - eps + eps / V
+    closed = -(p_top * math.log(p_top)
+               + (V - 1) * eps / V * math.log(eps / V))
+    y = torch.tensor([2])
+    target = torch.full((V,), eps / V)
+    target[2] = p_top
+    at_target = F.cross_entropy(target.log()[None], y, label_smoothing=eps)
+    assert at_target.item() == pytest.approx(closed, rel=1e-5)
+    # independent minimisation from random logits reaches the same value
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(0),
+                         dtype=torch.float64).requires_grad_()
+    opt = torch.optim.LBFGS([logits], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(logits, y, label_smoothing=eps)
+        loss.backward()
+        return loss
+    opt.step(closure)
+    reached = F.cross_entropy(logits, y, label_smoothing=eps).item()
+    assert reached == pytest.approx(closed, rel=1e-6)
+    assert logits.softmax(-1)[0, 2].item() == pytest.approx(p_top, rel=1e-4)
+    # and it is not zero: any other distribution scores more
+    for scale in (0.5, 2.0):
+        assert F.cross_entropy(target.log()[None] * scale, y,
+                               label_smoothing=eps).item() > closed
