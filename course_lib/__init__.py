@@ -39,6 +39,11 @@ Part III, the model
 - ``decoder_lm``: a GPT-2/Llama decoder-only language model (chapter 6)
 - ``translation_task``: a toy translation with a known answer (chapter 7)
 - ``markov``: a synthetic language with an exact entropy rate (chapter 7)
+- ``text_corpus``: real text, Python's reference manual split by topic,
+  and a character vocabulary (chapter 7)
+- ``char_lm``: the committed character model of that text and bits per
+  character (chapter 7)
+- ``ngram``: count-based n-gram baselines, add-k smoothing (chapter 7)
 - ``sampling``: temperature, top-k, top-p and generation (chapter 8)
 
 Part IV, inference and scale
