@@ -44,7 +44,9 @@ Part III, the model
 - ``char_lm``: the committed character model of that text and bits per
   character (chapter 7)
 - ``ngram``: count-based n-gram baselines, add-k smoothing (chapter 7)
-- ``sampling``: temperature, top-k, top-p and generation (chapter 8)
+- ``logit_filters``: temperature, top-k, top-p and min-p (chapter 8)
+- ``sampling``: sampling one token and generation (chapter 8)
+- ``beam_search``: beam search with length normalisation (chapter 8)
 
 Part IV, inference and scale
 - ``kv_cache``: the KV cache and its size for MHA/GQA/MQA/MLA (chapter 9)
