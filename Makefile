@@ -89,8 +89,9 @@ bench: $(STAMP)
 # results: benchmarks/mutation.md). The core modules live in ONE place,
 # MUTATION_MODULES: update it when modules move. A full run takes hours on
 # 2 cores, so pick modules: `make mutation MODULES="attention masking"`.
-MUTATION_MODULES := attention masking mha mla routing load_balancing moe \
-                    sampling kv_cache decoding training
+MUTATION_MODULES := attention score_scaling masking heads mha mla_config mla \
+                    routing load_balancing moe sampling kv_cache decoding \
+                    training
 MODULES ?= $(MUTATION_MODULES)
 MUTATION_JOBS ?= 2
 
