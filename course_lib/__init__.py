@@ -30,8 +30,8 @@ Part I, why attention
 Part II, attention
 - ``attention``: scaled dot-product attention, explicit vs fused timing
   (chapter 3)
-- ``score_scaling``: why $\sqrt{d_k}$: score variance, the softmax
-  Jacobian and saturation (chapter 3)
+- ``score_scaling``: why the scores are divided by sqrt(d_k): score
+  variance, the softmax Jacobian and saturation (chapter 3)
 - ``masking``: causal, sliding-window and padding masks, additive masks,
   influence matrices, mask plots (chapter 4)
 - ``heads``: splitting, merging and repeating heads, 4-D masks, query
