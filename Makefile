@@ -9,7 +9,8 @@ BUILD_FLAGS := -W --keep-going
 export PYTHONHASHSEED := 0
 
 .PHONY: help venv vendor book test test-unit test-notebooks test-build \
-        test-browser test-colab screenshots notebooks sync bench mutation clean
+        test-browser test-colab screenshots notebooks sync bench mutation \
+        clean checkpoints
 
 help:
 	@echo "make book        build the HTML book into _build/html"
@@ -17,6 +18,7 @@ help:
 	@echo "make test-colab  run each chapter in a simulated fresh Colab"
 	@echo "make notebooks   re-execute notebooks in place (NB=path to pick one)"
 	@echo "make bench       time chapters and the build -> benchmarks/results.md"
+	@echo "make checkpoints retrain chapter 7's character model (about 10 min)"
 	@echo "make mutation    mutation testing (MODULES=attention to pick modules)"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -99,6 +101,12 @@ sync: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+# Chapter 7's character model of the Python manual, committed as
+# course_lib/data/char_lm_pydoc.pt (seeded, one torch thread); also writes
+# its line in benchmarks/results.md.
+checkpoints: $(STAMP)
+	$(BIN)/python scripts/train_char_lm.py
 
 # Mutation testing with mutmut (config: [tool.mutmut] in pyproject.toml;
 # results: benchmarks/mutation.md). The core modules live in ONE place,

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from page_weight import page_weight, shared_bytes  # noqa: E402
+import all_to_all_bench  # noqa: E402
 import kv_cache_bench  # noqa: E402
 import load_bench  # noqa: E402
 import mla_bench  # noqa: E402
@@ -164,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += rnn_vs_attention_rows()
     lines += attention_rows()
     lines += training_rows()
-    for bench in (kv_cache_bench, mla_bench, moe_bench, smollm2_bench):
+    for bench in (kv_cache_bench, mla_bench, moe_bench, smollm2_bench,
+                  all_to_all_bench):
         lines += bench.rows()
         print(f"{bench.__name__}: done", flush=True)
     OUT.write_text("\n".join(lines) + "\n")

@@ -48,7 +48,14 @@ Part III, the model
 - ``decoder_lm``: a GPT-2/Llama decoder-only language model (chapter 6)
 - ``translation_task``: a toy translation with a known answer (chapter 7)
 - ``markov``: a synthetic language with an exact entropy rate (chapter 7)
-- ``sampling``: temperature, top-k, top-p and generation (chapter 8)
+- ``text_corpus``: real text, Python's reference manual split by topic,
+  and a character vocabulary (chapter 7)
+- ``char_lm``: the committed character model of that text and bits per
+  character (chapter 7)
+- ``ngram``: count-based n-gram baselines, add-k smoothing (chapter 7)
+- ``logit_filters``: temperature, top-k, top-p and min-p (chapter 8)
+- ``sampling``: sampling one token and generation (chapter 8)
+- ``beam_search``: beam search with length normalisation (chapter 8)
 
 Part IV, inference and scale
 - ``kv_cache``: the KV cache and its size for MHA/GQA/MQA/MLA (chapter 9)
@@ -85,6 +92,12 @@ Part V, a real model at scale
   all-to-alls and their byte counters (chapter 14)
 - ``parallel_checks``: workers that compare the parallel layers with the
   single-process ones (chapter 14)
+- ``parallel_pool``: ``Pool``, ranks and their process group started once
+  and reused across notebook cells (chapter 14)
+- ``node_routing``: traffic that crosses node boundaries, per slot and
+  per node (chapter 14)
+- ``scaling_experiments``: chapter 14's experiments as spawnable workers
+  (chapter 14)
 
 Shape letters, the same in every module (a module's docstring lists the
 ones it uses, and any of its own):

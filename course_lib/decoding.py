@@ -97,7 +97,7 @@ def prefill(model: torch.nn.Module, ids: torch.Tensor,
 def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
              max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None,
+             top_p: float | None = None, min_p: float | None = None,
              generator: torch.Generator | None = None,
              cache: KVCache | None = None) -> torch.Tensor:
     r"""Extend a prompt token by token, with or without a KV cache.
@@ -128,7 +128,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
         max_new_tokens: tokens to append, an int $\ge 0$.
         use_cache: prefill + one-token decode steps (True) or full
             recomputation at every step (False).
-        temperature, top_k, top_p, generator: as in
+        temperature, top_k, top_p, min_p, generator: as in
             :func:`course_lib.sampling.sample_next`.
         cache: a :class:`~course_lib.kv_cache.KVCache` holding a prefix
             (only with ``use_cache=True``); default a new empty one.
@@ -140,14 +140,15 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     Introduced in chapter 9.
     """
     # every argument is checked before the caller's cache is touched
-    sampling.check_sampling_args(temperature, top_k, top_p)
+    sampling.check_sampling_args(temperature, top_k, top_p, min_p)
     if not use_cache:
         if cache is not None:
             raise ValueError("cache must be None when use_cache=False, "
                              "got a KVCache")
         return sampling.generate(model, prompt_ids, max_new_tokens,
                                  temperature=temperature, top_k=top_k,
-                                 top_p=top_p, generator=generator)
+                                 top_p=top_p, min_p=min_p,
+                                 generator=generator)
     idx = _check_prompt(prompt_ids)                          # (B, T0)
     check_int("max_new_tokens", max_new_tokens, minimum=0)
     config = _model_config(model)
@@ -178,7 +179,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
         for step in range(max_new_tokens):
             nxt = sampling.sample_next(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                generator=generator)                         # (B,)
+                min_p=min_p, generator=generator)                         # (B,)
             new.append(nxt)
             if step + 1 < max_new_tokens:
                 # 2) decode: only the newest token; its k, v get cached

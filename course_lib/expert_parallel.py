@@ -128,6 +128,18 @@ class ExpertParallelStats:
 
     remote_bytes_received = remote_bytes_sent
 
+    def cross_node_bytes(self, ranks_per_node: int) -> int:
+        r"""Bytes this rank sends to ranks of other nodes (dispatch plus
+        combine), with ranks $0 \dots$ ``ranks_per_node``$-1$ on node 0
+        and so on: one copy per slot (no per-node deduplication, see
+        :mod:`course_lib.node_routing`)."""
+        check_int("ranks_per_node", ranks_per_node, minimum=1)
+        node = self.rank // ranks_per_node
+        out = sum(s + r for dst, (s, r) in enumerate(
+            zip(self.send_splits, self.recv_splits))
+            if dst // ranks_per_node != node)
+        return out * self.row_bytes
+
     @property
     def waiting_seconds(self) -> float:
         """Forward time that is not local expert compute."""

@@ -1,4 +1,4 @@
-r"""From logits to tokens: temperature, top-k, top-p and generation.
+r"""From logits to tokens: sampling, generation and scoring.
 
 A language model ends in a linear layer, the ``lm_head``, that maps the last
 hidden state $h_t \in \mathbb{R}^{D}$ to one score per vocabulary entry,
@@ -6,19 +6,19 @@ the **logits** $z = W_{\text{vocab}} h_t \in \mathbb{R}^{V}$. The softmax
 $p_i = e^{z_i} / \sum_j e^{z_j}$ turns them into a distribution over the
 next token. This module decides how a token is drawn from it:
 
-* :func:`apply_temperature` rescales the logits, $z / T$;
-* :func:`top_k_filter` keeps the $k$ largest logits;
-* :func:`top_p_filter` keeps the smallest set of most likely tokens whose
-  probability mass reaches $p$ (nucleus sampling);
-* :func:`sampling_distribution` composes the three in a fixed order and
+* the filters of :mod:`course_lib.logit_filters`, re-exported here:
+  :func:`apply_temperature` ($z / \tau$, temperature $\tau$),
+  :func:`top_k_filter`, :func:`top_p_filter` (nucleus) and
+  :func:`min_p_filter`;
+* :func:`sampling_distribution` composes them in a fixed order and
   returns the distribution that is actually sampled;
-* :func:`sample_next` draws one token per row (greedy argmax at $T = 0$);
+* :func:`sample_next` draws one token per row (greedy argmax at
+  $\tau = 0$);
 * :func:`generate` runs a model autoregressively, recomputing the whole
   prefix at every step (chapter 9 adds the KV cache);
-* :func:`sequence_log_prob` scores continuations under a model.
-
-A filtered-out token gets the logit $-\infty$, so the softmax gives it
-probability $e^{-\infty} = 0$ exactly, as a mask does in chapter 4.
+* :func:`sequence_log_prob` scores continuations under a model;
+* :func:`beam_search` (from :mod:`course_lib.beam_search`) searches for
+  likely sequences instead of sampling.
 
 Shape letters: B batch, T sequence length, V vocabulary size,
 ``...`` any leading dimensions.
@@ -30,55 +30,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .beam_search import Beam, _model_max_len, beam_search
+from .logit_filters import (_check_logits, _check_min_p, _check_temperature,
+                            _check_top_k, _check_top_p, apply_temperature,
+                            min_p_filter, top_k_filter, top_p_filter)
 from .threads import small_ops
-from .validation import check_ids, check_int, check_real
+from .validation import check_ids, check_int
 
 __all__ = ["apply_temperature", "top_k_filter", "top_p_filter",
-           "sampling_distribution", "check_sampling_args", "sample_next",
-           "generate",
-           "sequence_log_prob"]
+           "min_p_filter", "sampling_distribution", "check_sampling_args",
+           "sample_next", "generate", "sequence_log_prob", "beam_search",
+           "Beam"]
 
 
-def _check_logits(logits) -> None:
-    if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got "
-                         f"{type(logits).__name__}")
-    if not logits.dtype.is_floating_point:
-        raise ValueError(f"logits must be a floating tensor, got dtype "
-                         f"{logits.dtype}")
-    if logits.dim() < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"logits must have shape (..., V) with V >= 1, got "
-                         f"{tuple(logits.shape)}")
-    if torch.isnan(logits).any():
-        raise ValueError("logits must not contain NaN")
-    # +inf has no probability (inf / inf): an overflowed model output
-    if (logits == float("inf")).any():
-        raise ValueError("logits must not contain +inf (an overflow, e.g. "
-                         "a float16 model: run it in float32)")
-    # a row of -inf has no distribution: softmax would return NaN
-    if (logits == float("-inf")).all(dim=-1).any():
-        raise ValueError("every row of logits needs at least one entry "
-                         "above -inf")
-
-
-def _check_temperature(temperature) -> float:
-    check_real("temperature", temperature, minimum=0)
-    return float(temperature)
-
-
-def _check_top_k(top_k) -> int:
-    check_int("top_k", top_k, minimum=1)
-    return top_k
-
-
-def _check_top_p(top_p) -> float:
-    check_real("top_p", top_p, positive=True, maximum=1)
-    return float(top_p)
-
-
-def check_sampling_args(temperature, top_k, top_p) -> None:
+def check_sampling_args(temperature, top_k, top_p, min_p=None) -> None:
     """Validate a sampler's settings before any work is done with them
-    (``top_k``/``top_p`` may be None: off).
+    (``top_k``, ``top_p`` and ``min_p`` may be None: off).
 
     Introduced in chapter 8.
     """
@@ -87,148 +54,44 @@ def check_sampling_args(temperature, top_k, top_p) -> None:
         _check_top_k(top_k)
     if top_p is not None:
         _check_top_p(top_p)
-
-
-def apply_temperature(logits: torch.Tensor,
-                      temperature: float) -> torch.Tensor:
-    r"""Divide the logits by a temperature $T$: $z \mapsto z / T$.
-
-    $$p_i(T) = \frac{e^{z_i / T}}{\sum_j e^{z_j / T}}.$$
-
-    $T < 1$ sharpens the distribution, $T > 1$ flattens it, and the order
-    of the logits never changes. As $T \to \infty$ every $z_i / T \to 0$
-    and $p$ tends to the uniform distribution over the tokens with finite
-    logits. As $T \to 0$ it tends to a one-hot vector on the largest logit
-    (uniform over the maxima if several tie). $T = 0$ is accepted and
-    returns that limit with ties broken towards the lowest index, like
-    ``torch.argmax``: the first maximum keeps logit 0 and all others get
-    $-\infty$, so sampling at $T = 0$ is exactly greedy decoding.
-
-    A small $T$ can overflow $z / T$ (float16 logits of 12 at
-    $T = 10^{-4}$ exceed 65504): the division is done in float32 at least,
-    and where it would still overflow, on $z - \max_j z_j$ instead, which
-    changes no probability (softmax ignores a shift of every logit).
-
-    Args:
-        logits: ``(..., V)`` floating tensor.
-        temperature: a finite number $T \ge 0$.
-
-    Returns:
-        ``(..., V)`` tensor of tempered logits (float32 for half-precision
-        input).
-
-    Introduced in chapter 8.
-    """
-    _check_logits(logits)
-    T = _check_temperature(temperature)
-    if T == 0:
-        first_max = logits.argmax(dim=-1, keepdim=True)       # (..., 1)
-        out = torch.full_like(logits, float("-inf"))
-        return out.scatter(-1, first_max, 0.0)                # (..., V)
-    z = logits.float() if logits.element_size() < 4 else logits
-    out = z / T                                               # z / T
-    if (torch.isinf(out) & torch.isfinite(z)).any():          # overflowed
-        out = (z - z.amax(dim=-1, keepdim=True)) / T
-    return out
-
-
-def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
-    r"""Keep the $k$ largest logits of each row; set the rest to $-\infty$.
-
-    A token survives if fewer than $k$ tokens have a strictly larger logit,
-    that is if $z_i \ge z_{(k)}$, the $k$-th largest value. Tokens tied with
-    $z_{(k)}$ are all kept, so a row may keep more than $k$ tokens; this
-    makes the result independent of the order of the vocabulary, and is
-    what Hugging Face's ``TopKLogitsWarper`` does. $k \ge V$ keeps every
-    token.
-
-    Args:
-        logits: ``(..., V)`` floating tensor.
-        k: an int $\ge 1$.
-
-    Returns:
-        ``(..., V)`` tensor, equal to ``logits`` on the kept tokens and
-        $-\infty$ elsewhere.
-
-    Introduced in chapter 8.
-    """
-    _check_logits(logits)
-    k = min(_check_top_k(k), logits.shape[-1])
-    # z_(k): the k-th largest logit of each row
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]      # (..., 1)
-    return logits.masked_fill(logits < kth, float("-inf"))    # (..., V)
-
-
-def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    r"""Nucleus filter: keep the smallest head of the distribution with mass $\ge p$.
-
-    Sort the probabilities $p_{(1)} \ge p_{(2)} \ge \dots$ and find the
-    first $m$ with $\sum_{i \le m} p_{(i)} \ge p$. Tokens $(1), \dots, (m)$
-    are kept, including the token $(m)$ whose probability carries the sum
-    across $p$; the rest get $-\infty$. Equivalently, token $i$ is kept iff
-    the mass of the tokens strictly more likely than it is below $p$:
-
-    $$\text{keep}_i \iff \sum_{j:\, z_j > z_i} p_j < p.$$
-
-    The first token always survives (the mass before it is $0 < p$).
-    Tokens tied with token $(m)$ are all kept, so the result does not
-    depend on how the sort orders ties. $p = 1$ keeps every token (it is
-    the identity, as in Hugging Face, where ``top_p=1.0`` disables the
-    filter), even those whose probability underflows to 0.
-
-    Args:
-        logits: ``(..., V)`` floating tensor (may already hold $-\infty$).
-        p: a number in $(0, 1]$.
-
-    Returns:
-        ``(..., V)`` tensor, equal to ``logits`` on the kept tokens and
-        $-\infty$ elsewhere.
-
-    Introduced in chapter 8.
-    """
-    _check_logits(logits)
-    p = _check_top_p(p)
-    if p == 1.0:
-        return logits.clone()
-    sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)
-    # cumulative sums in float64: fewer rounding surprises right at p
-    probs = F.softmax(sorted_logits.double(), dim=-1)         # (..., V)
-    # mass strictly before each sorted position: sum_{i < m} p_(i)
-    before = probs.cumsum(dim=-1) - probs                     # (..., V)
-    keep_sorted = before < p                                  # (..., V)
-    keep_sorted[..., 0] = True
-    # the last kept logit in sorted order; keeping z >= it also keeps ties
-    n_kept = keep_sorted.sum(dim=-1, keepdim=True)            # (..., 1)
-    threshold = sorted_logits.gather(-1, n_kept - 1)          # (..., 1)
-    return logits.masked_fill(logits < threshold, float("-inf"))
+    if min_p is not None:
+        _check_min_p(min_p)
 
 
 def sampling_distribution(logits: torch.Tensor, *,
                           temperature: float = 1.0,
                           top_k: int | None = None,
-                          top_p: float | None = None) -> torch.Tensor:
+                          top_p: float | None = None,
+                          min_p: float | None = None) -> torch.Tensor:
     r"""The distribution :func:`sample_next` draws from.
 
     The steps are applied in this order, the order of Hugging Face's
-    default logits warpers (temperature, top-k, top-p):
+    default logits warpers (temperature, top-k, top-p, min-p):
 
-    1. temperature, $z \mapsto z / T$;
+    1. temperature, $z \mapsto z / \tau$;
     2. top-k on the tempered logits;
     3. top-p on what survives, with the probabilities renormalised over
        the survivors;
-    4. softmax.
+    4. min-p on what survives: keep $z_i \ge \max_j z_j + \log p_{\min}$;
+    5. softmax.
 
-    Order matters for top-p. Temperature and top-k commute (dividing by
-    $T > 0$ keeps the ranking), but top-p measures probability mass, which
-    temperature and top-k both change. Other implementations choose other
-    orders: llama.cpp's default sampler chain, for instance, applies top-k
-    and top-p first and temperature last.
+    Order matters for top-p and min-p. Temperature and top-k commute
+    (dividing by $\tau > 0$ keeps the ranking). Top-p measures probability
+    mass, which temperature and top-k both change. Min-p compares each
+    logit with the largest, a test that renormalisation does not change,
+    so it commutes with top-k, but not with temperature: on tempered
+    logits the test reads $z_i \ge \max_j z_j + \tau \log p_{\min}$, more
+    permissive as $\tau$ grows. Other implementations choose other orders:
+    llama.cpp's default sampler chain, for instance, applies top-k, top-p
+    and min-p first and temperature last.
 
     Args:
         logits: ``(..., V)`` floating tensor.
-        temperature: $T \ge 0$; $T = 0$ gives a one-hot on the argmax.
+        temperature: $\tau \ge 0$; $\tau = 0$ gives a one-hot on the
+            argmax.
         top_k: ``None`` (off) or an int $\ge 1$.
         top_p: ``None`` (off) or a number in $(0, 1]$.
+        min_p: ``None`` (off) or a number in $[0, 1]$.
 
     Returns:
         ``(..., V)`` probabilities summing to 1 over the last axis.
@@ -236,35 +99,39 @@ def sampling_distribution(logits: torch.Tensor, *,
     Introduced in chapter 8.
     """
     _check_logits(logits)
-    check_sampling_args(temperature, top_k, top_p)
+    check_sampling_args(temperature, top_k, top_p, min_p)
     # 1) temperature
     z = apply_temperature(logits, temperature)
-    # 2) top-k, 3) top-p
+    # 2) top-k, 3) top-p, 4) min-p
     if top_k is not None:
         z = top_k_filter(z, top_k)
     if top_p is not None:
         z = top_p_filter(z, top_p)
-    # 4) softmax over the survivors
+    if min_p is not None:
+        z = min_p_filter(z, min_p)
+    # 5) softmax over the survivors
     return F.softmax(z, dim=-1)
 
 
 def sample_next(logits: torch.Tensor, *, temperature: float = 1.0,
                 top_k: int | None = None, top_p: float | None = None,
+                min_p: float | None = None,
                 generator: torch.Generator | None = None) -> torch.Tensor:
-    r"""Draw the next token from logits (greedy argmax when $T = 0$).
+    r"""Draw the next token from logits (greedy argmax when $\tau = 0$).
 
-    With $T > 0$ one token is drawn per row from
-    :func:`sampling_distribution` (temperature, then top-k, then top-p,
-    then softmax) with ``torch.multinomial``. With $T = 0$ the result is
-    ``logits.argmax(-1)`` (the lowest index among tied maxima); top-k and
-    top-p cannot change it, since both always keep the largest logit, and
-    no random number is consumed.
+    With $\tau > 0$ one token is drawn per row from
+    :func:`sampling_distribution` (temperature, then top-k, top-p and
+    min-p, then softmax) with ``torch.multinomial``. With $\tau = 0$ the
+    result is ``logits.argmax(-1)`` (the lowest index among tied maxima);
+    the filters cannot change it, since all of them keep the largest
+    logit, and no random number is consumed.
 
     Args:
         logits: ``(V,)`` or ``(B, V)`` floating tensor.
-        temperature: $T \ge 0$.
+        temperature: $\tau \ge 0$.
         top_k: ``None`` or an int $\ge 1$.
         top_p: ``None`` or a number in $(0, 1]$.
+        min_p: ``None`` or a number in $[0, 1]$.
         generator: optional ``torch.Generator`` for reproducible draws.
 
     Returns:
@@ -278,7 +145,7 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 1.0,
         raise ValueError(f"logits must have shape (V,) or (B, V), got "
                          f"{tuple(logits.shape)}")
     probs = sampling_distribution(logits, temperature=temperature,
-                                  top_k=top_k, top_p=top_p)
+                                  top_k=top_k, top_p=top_p, min_p=min_p)
     if temperature == 0:
         return logits.argmax(dim=-1)                          # (B,) or ()
     rows = probs.reshape(-1, probs.shape[-1])                 # (B, V)
@@ -286,19 +153,12 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 1.0,
     return ids.reshape(logits.shape[:-1])                     # (B,) or ()
 
 
-def _model_max_len(model, max_len: int | None) -> int | None:
-    if max_len is None:
-        max_len = getattr(getattr(model, "config", None), "max_len", None)
-    if max_len is not None:
-        check_int("max_len", max_len, minimum=1)
-    return max_len
-
-
 @torch.no_grad()
 @small_ops()  # one small forward per token: see course_lib.threads
 def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
              max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None,
+             min_p: float | None = None,
              generator: torch.Generator | None = None,
              max_len: int | None = None) -> torch.Tensor:
     r"""Extend a prompt token by token with :func:`sample_next`.
@@ -317,7 +177,8 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
         model: maps ``(B, T)`` token ids to ``(B, T, V)`` logits.
         prompt_ids: ``(T0,)`` or ``(B, T0)`` integer ids, ``T0 >= 1``.
         max_new_tokens: number of tokens to append, an int $\ge 0$.
-        temperature, top_k, top_p, generator: as in :func:`sample_next`.
+        temperature, top_k, top_p, min_p, generator: as in
+            :func:`sample_next`.
         max_len: context window; default ``model.config.max_len`` if the
             model has one, else no cropping.
 
@@ -329,7 +190,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     """
     check_ids("prompt_ids", prompt_ids)
     check_int("max_new_tokens", max_new_tokens, minimum=0)
-    check_sampling_args(temperature, top_k, top_p)
+    check_sampling_args(temperature, top_k, top_p, min_p)
     window = _model_max_len(model, max_len)
     idx = prompt_ids.reshape(-1, prompt_ids.shape[-1]).long()  # (B, T0)
     # eval mode (no dropout) for the call, restored afterwards
@@ -346,7 +207,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
                     f"({context.shape[0]}, {context.shape[1]}, V), got "
                     f"{tuple(logits.shape)}")
             nxt = sample_next(logits[:, -1, :], temperature=temperature,
-                              top_k=top_k, top_p=top_p,
+                              top_k=top_k, top_p=top_p, min_p=min_p,
                               generator=generator)           # (B,)
             idx = torch.cat([idx, nxt[:, None]], dim=1)      # (B, T + 1)
     finally:

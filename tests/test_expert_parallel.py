@@ -1,4 +1,5 @@
-"""Chapter 14: expert parallelism (course_lib.expert_parallel).
+"""Chapter 14: expert parallelism (course_lib.expert_parallel), and its
+cross-node byte counter.
 
 The distributed comparisons run in ``parallel_checks.check_expert_parallel``
 on 2 and 4 spawned processes (the ``parallel_layers`` fixture, conftest):
@@ -144,3 +145,16 @@ def test_expert_parallel_rejects_capacity_and_other_modules():
     ep = ExpertParallelMoE(_moe("topk", 0))
     with pytest.raises(ValueError, match=r"x must have shape \(B, T, 16\)"):
         ep(torch.randn(3, 8))
+
+
+def test_cross_node_bytes_counts_splits_to_other_nodes():
+    s = ExpertParallelStats(rank=1, row_bytes=10,
+                            send_splits=[1, 2, 3, 4],
+                            recv_splits=[5, 6, 7, 8])
+    # nodes of 2 ranks: rank 1 is on node 0 with rank 0
+    assert s.cross_node_bytes(2) == 10 * (3 + 4 + 7 + 8)
+    # one rank per node: everything but the rank itself
+    assert s.cross_node_bytes(1) == s.remote_bytes_sent
+    assert s.cross_node_bytes(4) == 0
+    with pytest.raises(ValueError, match="ranks_per_node must be >= 1"):
+        s.cross_node_bytes(0)

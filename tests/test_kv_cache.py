@@ -110,6 +110,7 @@ SAMPLERS = {
     "greedy": dict(temperature=0.0),
     "t1": dict(temperature=1.0),
     "t0.8-k5-p0.9": dict(temperature=0.8, top_k=5, top_p=0.9),
+    "t1.3-minp0.2": dict(temperature=1.3, min_p=0.2),
 }
 
 
@@ -133,7 +134,8 @@ class Recorder(torch.nn.Module):
 # learned and RoPE positions, MHA, GQA and MQA
 CASES = [(name, "greedy") for name in MODELS] + [
     ("mha-learned", "t1"), ("gqa-rope", "t1"),
-    ("mha-rope", "t0.8-k5-p0.9"), ("mqa-rope", "t0.8-k5-p0.9")]
+    ("mha-rope", "t0.8-k5-p0.9"), ("mqa-rope", "t0.8-k5-p0.9"),
+    ("gqa-rope", "t1.3-minp0.2")]
 
 
 @pytest.mark.parametrize("name,sampler", CASES)
@@ -150,6 +152,21 @@ def test_generate_cached_equals_uncached_tokens(name, sampler, prompt_len):
     assert out[True].shape == (2, 40)
     assert torch.equal(out[True][:, :prompt_len], prompt)
     assert torch.equal(out[True], out[False])
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_min_p_one_is_greedy(use_cache):
+    """min_p = 1 keeps only the most likely token: sampling at any
+    temperature is then greedy decoding (so min_p reaches the sampler)."""
+    lm = tiny_lm(**MODELS["gqa-rope"])
+    prompt = torch.randint(23, (2, 3))
+    greedy = generate(lm, prompt, 30, use_cache=use_cache, temperature=0.0)
+    sampled = generate(lm, prompt, 30, use_cache=use_cache, temperature=1.5,
+                       min_p=1.0, generator=torch.Generator().manual_seed(0))
+    free = generate(lm, prompt, 30, use_cache=use_cache, temperature=1.5,
+                    generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, greedy)
+    assert not torch.equal(free, greedy)      # without min_p it is not
 
 
 @pytest.mark.parametrize("name", ["mha-learned", "gqa-rope"])
