@@ -9,8 +9,8 @@ BUILD_FLAGS := -W --keep-going
 export PYTHONHASHSEED := 0
 
 .PHONY: help venv vendor book test test-unit test-notebooks test-build \
-        test-browser test-colab notebooks sync bench mutation clean \
-        checkpoints
+        test-browser test-colab screenshots notebooks sync bench mutation \
+        clean checkpoints
 
 help:
 	@echo "make book        build the HTML book into _build/html"
@@ -56,12 +56,16 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests -q
 
 # nbval: one notebook per worker (--dist loadfile keeps a notebook's cells
-# in order in one kernel); 2 workers on 2 cores: 222 s -> 151 s.
+# in order in one kernel); 2 workers on 2 cores: 222 s -> 151 s. Handed
+# out longest first (scripts/notebook_order.py, from the run times stored
+# in the notebooks), so the last chapter to start is a short one.
 NB_WORKERS ?= 2
+NB_ORDERED = $(or $(shell $(PYTHON) scripts/notebook_order.py \
+                            $(wildcard $(NB))),$(NB))
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest --nbval --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider \
-	  -q -n $(NB_WORKERS) --dist loadfile $(NB)
+	  -q -n $(NB_WORKERS) --dist loadfile --no-loadscope-reorder $(NB_ORDERED)
 
 test-build: $(STAMP) vendor
 	rm -rf _build/html _build/.doctrees
@@ -70,9 +74,20 @@ test-build: $(STAMP) vendor
 # Needs the book built by test-build; skipped (with the reason) when the
 # machine has no Chromium.
 # Browser tests wait on pages more than they compute: 3 workers, 2 cores.
+# A page's read-only checks are collected next to each other and share
+# one load of the page on the worker that runs them together
+# (tests/browser/conftest.py).
 BROWSER_WORKERS ?= 3
 test-browser: $(STAMP)
 	$(BIN)/python -m pytest tests/browser -q -m browser -p no:cacheprovider \
+	  -n $(BROWSER_WORKERS)
+
+# Full-page screenshots of every page into _build/screenshots/ (the test
+# suite saves only each page's first screen: a full page costs as much as
+# its audit).
+screenshots: $(STAMP)
+	BOOK_SCREENSHOTS=full $(BIN)/python -m pytest tests/browser/test_pages.py \
+	  -q -m browser -p no:cacheprovider -k page_has_no_problems \
 	  -n $(BROWSER_WORKERS)
 
 test-colab: $(STAMP)
@@ -97,8 +112,9 @@ checkpoints: $(STAMP)
 # results: benchmarks/mutation.md). The core modules live in ONE place,
 # MUTATION_MODULES: update it when modules move. A full run takes hours on
 # 2 cores, so pick modules: `make mutation MODULES="attention masking"`.
-MUTATION_MODULES := attention masking mha mla routing load_balancing moe \
-                    sampling kv_cache decoding training
+MUTATION_MODULES := attention score_scaling masking heads mha mla_config mla \
+                    routing load_balancing moe sampling kv_cache decoding \
+                    training
 MODULES ?= $(MUTATION_MODULES)
 MUTATION_JOBS ?= 2
 

@@ -12,21 +12,30 @@ Shared helpers
 - ``special_tokens``: PAD, BOS, EOS and IGNORE of the synthetic tasks
 - ``threads``: ``small_ops``, one torch thread for loops of small tensor
   ops (fast on a busy machine too)
-- ``widgets``, ``exercises``: explorers (live ipywidgets + static HTML
-  frame players), ``show_source``, and widget-checked exercises
+- ``widgets``: explorers (live ipywidgets + static HTML frame players)
+- ``markdown``: the small Markdown-to-HTML converter of prompts and
+  feedback; ``source``: ``show_source``
+- ``exercise_base``, ``answers``, ``exercises``: the exercise contract
+  (``Exercise``, ``Feedback``), reading a numeric answer
+  (``parse_number``), and the numeric and choice exercises
 
 Part I, why attention
-- ``rnn``: recurrent networks, gradient decay, sequential cost, path
-  lengths (chapter 1)
+- ``rnn``: recurrent networks, gradient decay, path lengths (chapter 1)
+- ``sequential_cost``: the recurrence's sequential steps timed against
+  one self-attention (chapter 1)
 - ``recall``: the recall experiment, RNN against attention (chapter 1)
-- ``positional``: sinusoidal encodings, RoPE and ``RotaryEmbedding``
-  (chapter 2)
+- ``sinusoidal``: the frequencies and the sinusoidal table (chapter 2)
+- ``positional``: RoPE and ``RotaryEmbedding`` (chapter 2)
 
 Part II, attention
-- ``attention``: scaled dot-product attention, the softmax Jacobian and
-  saturation, explicit vs fused timing (chapter 3)
+- ``attention``: scaled dot-product attention, explicit vs fused timing
+  (chapter 3)
+- ``score_scaling``: why the scores are divided by sqrt(d_k): score
+  variance, the softmax Jacobian and saturation (chapter 3)
 - ``masking``: causal, sliding-window and padding masks, additive masks,
   influence matrices, mask plots (chapter 4)
+- ``heads``: splitting, merging and repeating heads, 4-D masks, query
+  positions (chapter 5)
 - ``mha``: multi-head attention with GQA/MQA and a position hook for RoPE
   (chapter 5)
 - ``head_analysis``: a small model whose heads can be read (chapter 5)
@@ -52,6 +61,7 @@ Part IV, inference and scale
 - ``kv_cache``: the KV cache and its size for MHA/GQA/MQA/MLA (chapter 9)
 - ``decoding``: cached generation, prefix reuse, prefill vs decode cost
   (chapter 9)
+- ``mla_config``: MLA's configuration and parameter formula (chapter 10)
 - ``mla``: multi-head latent attention, explicit and absorbed (chapter 10)
 - ``yarn``: YaRN, the RoPE frequency correction and softmax scale of
   DeepSeek-V3's 128K context (chapter 10)
@@ -59,7 +69,8 @@ Part IV, inference and scale
 - ``load_balancing``: expert load, the Switch auxiliary loss and
   DeepSeek-V3's bias update (chapter 11)
 - ``moe``: the mixture-of-experts layer (chapter 11)
-- ``model_configs``, ``params``, ``build``: published configurations,
+- ``model_config``, ``model_configs``, ``params``, ``build``: the
+  configuration dataclass, published configurations,
   analytic parameter counts (total and active), and the course model built
   from a configuration (chapter 12)
 

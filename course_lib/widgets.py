@@ -12,16 +12,17 @@ of the same thing in one output:
   needs no CDN.
 
 A front end shows the richest view it can render (the widget); the book's
-``_config.yml`` drops the widget view for HTML so the player is shown. This
-module also holds the small display helpers that :mod:`course_lib.exercises`
-shares: Colab detection, a tiny Markdown-to-HTML converter for prompts and
-solutions, and the mime bundle both kinds of object return.
+``_config.yml`` drops the widget view for HTML so the player is shown.
+This module also holds the small display helpers that
+:mod:`course_lib.exercises` shares: Colab detection and the mime bundle
+both kinds of object return; Markdown rendering lives in
+:mod:`course_lib.markdown`, ``show_source`` in :mod:`course_lib.source`
+(both importable from here too).
 
 Introduced in chapter 1.
 """
 from __future__ import annotations
 
-import ast
 import base64
 import html
 import io
@@ -31,6 +32,9 @@ import os
 import re
 import sys
 from typing import Any, Callable, Mapping, Sequence
+
+from .markdown import markdown_to_html
+from .source import show_source, source_lines
 
 __all__ = ["Explorer", "in_colab", "markdown_to_html", "figure_to_png",
            "show_source", "source_lines", "check_key", "widget_bundle"]
@@ -54,80 +58,6 @@ def check_key(key: str) -> str:
 
 
 # --------------------------------------------------------------------------
-# Markdown and math for prompts, hints and solutions
-# --------------------------------------------------------------------------
-_FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\n(.*?)```", re.S)
-_CODE_RE = re.compile(r"`([^`]+)`")
-_BOLD_RE = re.compile(r"\*\*([^*]+)\*\*")
-# *emphasis*: a single asterisk that opens before a non-space and closes
-# after one, not inside a word (so 2*3*4 stays as typed).
-_EM_RE = re.compile(r"(?<![\w*])\*(?=[^\s*])([^*\n]+?)(?<=[^\s*])\*(?![\w*])")
-_DISPLAY_MATH_RE = re.compile(r"\$\$(.+?)\$\$", re.S)
-_INLINE_MATH_RE = re.compile(r"(?<![\\$])\$([^$\n]+?)\$")
-
-
-def markdown_to_html(text: str, *, tex_delimiters: bool = False,
-                     inline: bool = False) -> str:
-    """Convert the small Markdown subset used in exercises to HTML.
-
-    Supported: paragraphs (blank-line separated), fenced code blocks,
-    inline ``code``, ``**bold**``, ``*emphasis*`` and ``$...$``/``$$...$$``
-    math, which is kept for MathJax (with ``tex_delimiters`` rewritten to
-    ``\\(...\\)`` and ``\\[...\\]``, the delimiters the book's MathJax
-    processes in outputs). Everything else is escaped, so learner-visible
-    text cannot inject HTML. ``inline`` converts one line of text without
-    wrapping it in ``<p>`` (for option labels and feedback messages).
-    """
-    if not isinstance(text, str):
-        raise ValueError(f"text must be a str, got {type(text).__name__}")
-    if inline:
-        return _inline(" ".join(text.split()), tex_delimiters)
-    blocks: list[str] = []
-    pos = 0
-    for m in _FENCE_RE.finditer(text):
-        blocks.extend(_paragraphs(text[pos:m.start()], tex_delimiters))
-        code = html.escape(m.group(1).rstrip("\n"))
-        blocks.append(f'<pre class="ti-code"><code>{code}</code></pre>')
-        pos = m.end()
-    blocks.extend(_paragraphs(text[pos:], tex_delimiters))
-    return "\n".join(blocks)
-
-
-def _paragraphs(text: str, tex_delimiters: bool) -> list[str]:
-    out = []
-    for para in re.split(r"\n\s*\n", text.strip()):
-        if para.strip():
-            out.append(f"<p>{_inline(para.strip(), tex_delimiters)}</p>")
-    return out
-
-
-def _inline(text: str, tex_delimiters: bool) -> str:
-    # Pull math and code out first so that escaping and bold leave them be.
-    stash: list[str] = []
-
-    def keep(s: str) -> str:
-        stash.append(s)
-        return f"\x00{len(stash) - 1}\x00"
-
-    def display_math(m: re.Match) -> str:
-        body = html.escape(m.group(1), quote=False)
-        return keep(rf"\[{body}\]" if tex_delimiters else f"$${body}$$")
-
-    def inline_math(m: re.Match) -> str:
-        body = html.escape(m.group(1), quote=False)
-        return keep(rf"\({body}\)" if tex_delimiters else f"${body}$")
-
-    text = _DISPLAY_MATH_RE.sub(display_math, text)
-    text = _INLINE_MATH_RE.sub(inline_math, text)
-    text = _CODE_RE.sub(
-        lambda m: keep(f"<code>{html.escape(m.group(1))}</code>"), text)
-    text = html.escape(text, quote=False)
-    text = _BOLD_RE.sub(r"<strong>\1</strong>", text)
-    text = _EM_RE.sub(r"<em>\1</em>", text)
-    return re.sub("\x00(\\d+)\x00", lambda m: stash[int(m.group(1))], text)
-
-
-# --------------------------------------------------------------------------
 # Display plumbing shared with exercises
 # --------------------------------------------------------------------------
 def widget_bundle(widget: Any, static_html: str, plain: str) -> dict:
@@ -145,71 +75,7 @@ def widget_bundle(widget: Any, static_html: str, plain: str) -> dict:
     return bundle
 
 
-def show_source(fn: Callable[..., Any], *, checks: bool = False) -> None:
-    """Print a course_lib function's source (dedented), docstring and
-    argument checks removed.
 
-    Chapters show the library's code instead of retyping it. The docstring
-    repeats what the surrounding prose explains, and the argument checks
-    (``check_*(...)`` calls and ``if ...: raise`` guards at the top level
-    of the body) are what every public function does before its idea
-    starts; both are left out so the printed code is the idea itself.
-    One comment line marks where checks were removed.
-
-    Args:
-        fn: a function or method.
-        checks: keep the argument checks (print the full body).
-
-    Introduced in chapter 1.
-    """
-    print(source_lines(fn, checks=checks))
-
-
-def _is_check(node: ast.stmt) -> bool:
-    """An argument check: ``check_x(...)``/``_check_x(...)``/``self._check
-    (...)`` as a statement, or an ``if`` whose body only raises."""
-    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-        f = node.value.func
-        name = f.id if isinstance(f, ast.Name) else \
-            f.attr if isinstance(f, ast.Attribute) else ""
-        return name.startswith(("check_", "_check"))
-    return (isinstance(node, ast.If) and not node.orelse
-            and all(isinstance(b, ast.Raise) for b in node.body))
-
-
-def source_lines(fn: Callable[..., Any], *, checks: bool = False) -> str:
-    """The text :func:`show_source` prints (see there).
-
-    Introduced in chapter 1.
-    """
-    import inspect
-    import textwrap
-    src = textwrap.dedent(inspect.getsource(fn))  # methods start at col 0
-    lines = src.splitlines()
-    body = ast.parse(src).body[0].body
-    hidden: dict[int, int] = {}          # first line -> last line (1-based)
-    first = body[0]
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-            and isinstance(first.value.value, str):
-        hidden[first.lineno] = first.end_lineno      # the docstring
-        body = body[1:]
-    check_starts = set()
-    if not checks:
-        for node in filter(_is_check, body):
-            hidden[node.lineno] = node.end_lineno
-            check_starts.add(node.lineno)
-    out, skip_until = [], 0
-    for i, line in enumerate(lines, start=1):
-        if i <= skip_until:
-            continue
-        if i in hidden:
-            skip_until = hidden[i]
-            if i == min(check_starts, default=0):    # mark the first cut
-                indent = line[:len(line) - len(line.lstrip())]
-                out.append(f"{indent}# (argument checks left out)")
-            continue
-        out.append(line)
-    return "\n".join(out) + "\n"
 
 
 def figure_to_png(fig: Any, *, dpi: int = 72) -> bytes:

@@ -15,6 +15,7 @@ internal links (and their #fragments) that do not resolve.
 """
 from __future__ import annotations
 
+import functools
 import re
 import urllib.error
 import urllib.request
@@ -41,8 +42,11 @@ class PageReport:
 
 
 def audit_page(page, url: str, *, screenshot: str | None = None,
+               full_page: bool = False,
                check_links: bool = True) -> PageReport:
-    """Load ``url`` in ``page`` (a Playwright Page) and audit it."""
+    """Load ``url`` in ``page`` (a Playwright Page) and audit it; with
+    ``screenshot`` (a path), also save the first screen (``full_page``:
+    the whole page) there."""
     report = PageReport(url)
     origin = "{0.scheme}://{0.netloc}".format(urlparse(url))
 
@@ -88,7 +92,9 @@ def audit_page(page, url: str, *, screenshot: str | None = None,
         if check_links:
             _check_links(page, report, origin)
         if screenshot:
-            page.screenshot(path=screenshot, full_page=True)
+            if not full_page:            # the first screen, as a reader
+                page.evaluate("() => window.scrollTo(0, 0)")  # lands
+            page.screenshot(path=screenshot, full_page=full_page)
     finally:
         page.remove_listener("console", on_console)
         page.remove_listener("request", on_request)
@@ -219,20 +225,31 @@ def _check_dropdowns(page, report: PageReport) -> None:
 def _check_links(page, report: PageReport, origin: str) -> None:
     hrefs = page.evaluate("""() => Array.from(document.querySelectorAll(
         'a[href]')).map(a => a.href)""")
-    cache: dict[str, str | None] = {}
     for href in sorted(set(hrefs)):
         if not href.startswith(origin):
             continue
         target, fragment = urldefrag(href)
         report.links.add(target)
-        if target not in cache:
-            cache[target] = _fetch(target)
-        body = cache[target]
-        if body is None:
+        ids = _anchors(target)
+        if ids is None:
             report.add(f"broken internal link: {href}")
-        elif fragment and not re.search(
-                rf'id=["\']{re.escape(fragment)}["\']', body):
+        elif fragment and fragment not in ids:
             report.add(f"link to a missing anchor: {href}")
+
+
+# Every page of the book links to the same few dozen pages (the sidebar),
+# some of them megabytes of inlined figures: each target is fetched and
+# scanned for its ids once per test process, not once per linking page.
+# The served files do not change while the tests run; every link of every
+# page is still checked against them.
+_ID_RE = re.compile(r"""id=["']([^"']*)["']""")
+
+
+@functools.lru_cache(maxsize=None)
+def _anchors(url: str) -> frozenset[str] | None:
+    """The ``id="..."`` values of the page at ``url`` (None: it failed)."""
+    body = _fetch(url)
+    return None if body is None else frozenset(_ID_RE.findall(body))
 
 
 def _fetch(url: str) -> str | None:

@@ -76,6 +76,19 @@ def new_page(browser, **context_options):
     context.close()
 
 
+def open_page(page, url: str) -> None:
+    page.goto(url, wait_until="load")
+    settle_math(page)
+
+
+def settle_math(page) -> None:
+    """Wait until MathJax (if the page has it) has typeset everything."""
+    page.evaluate("""() => (window.MathJax && MathJax.startup &&
+        MathJax.startup.promise) ? MathJax.startup.promise.then(() => true)
+        : true""")
+    page.wait_for_timeout(50)
+
+
 @pytest.fixture()
 def page(browser):
     yield from new_page(browser, viewport={"width": 1280, "height": 900})
@@ -87,3 +100,77 @@ def site():
         pytest.fail(f"no built book at {SITE}: run `make book` first")
     with Server(SITE) as server:
         yield server
+
+
+# -- one page, loaded once, for the checks that only read it -----------------
+# Most tests are parametrized by a page of the book (``rel``, or a
+# ``chapter`` name). Each test that changes the page (clicks, typing, Tab,
+# another viewport or colour scheme) loads its own; the checks that only
+# read a freshly loaded desktop page (Colab links, hidden exercise source,
+# formulas as Tab stops, the axe-core scan) share one load through
+# ``fresh_page``. ``pytest_collection_modifyitems`` puts a page's
+# ``fresh_page`` tests next to each other, so a worker that receives them
+# together (pytest-xdist hands out runs of consecutive tests) loads that
+# page once for all of them; at worst, one load per test, as before.
+# (An xdist group would pin them to one worker, but pytest-xdist 3.8's
+# ``--dist loadgroup`` has no effect under pytest 9: it renames
+# ``item._nodeid``, which pytest 9 no longer reads.)
+def page_of(item) -> str | None:
+    """The site-relative page a browser test is parametrized by."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "rel" in params:
+        return params["rel"]
+    if "chapter" in params:
+        return f"book/{params['chapter']}.html"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    first: dict[str, int] = {}
+    keys = []
+    for i, item in enumerate(items):
+        rel = page_of(item) if "fresh_page" in getattr(
+            item, "fixturenames", ()) else None
+        if rel is not None:
+            first.setdefault(rel, i)
+        keys.append((first[rel] if rel is not None else i, i))
+    order = sorted(range(len(items)), key=keys.__getitem__)
+    items[:] = [items[i] for i in order]
+
+
+class _PageCache:
+    """The last page loaded read-only, in its own desktop context."""
+
+    def __init__(self, browser):
+        self.browser, self.url, self.context, self.page = browser, None, \
+            None, None
+
+    def get(self, url: str, opener):
+        if url != self.url:
+            self.close()
+            self.context = self.browser.new_context(
+                viewport={"width": 1280, "height": 900})
+            self.page = self.context.new_page()
+            opener(self.page, url)
+            self.url = url
+        return self.page
+
+    def close(self):
+        if self.context is not None:
+            self.context.close()
+        self.url = self.context = self.page = None
+
+
+@pytest.fixture(scope="session")
+def _page_cache(browser):
+    cache = _PageCache(browser)
+    yield cache
+    cache.close()
+
+
+@pytest.fixture()
+def fresh_page(_page_cache, site):
+    """``fresh_page(rel)``: the page ``rel`` as loaded (``open_page``: load
+    event, MathJax done) at 1280 x 900, shared by the read-only checks of
+    that page. A test that uses it must not change the page."""
+    return lambda rel: _page_cache.get(f"{site.url}/{rel}", open_page)

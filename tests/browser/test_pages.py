@@ -2,11 +2,15 @@
 
 Run after the book is built (``make test`` does both). Each page is loaded
 from a local server in headless Chromium and audited (see ``audit.py``);
-a full-page screenshot goes to ``_build/screenshots/`` for a maintainer to
-look at.
+a screenshot of its first screen goes to ``_build/screenshots/`` for a
+maintainer to look at, or of the whole page with ``BOOK_SCREENSHOTS=full``
+(``make screenshots``). A full-page capture of a chapter (20,000-42,000 px
+tall) costs about as much as the whole audit and checks nothing, so the
+suite does not take it by default.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +26,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from sync_setup_cells import repo_parts  # noqa: E402
 
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+FULL_SCREENSHOTS = os.environ.get("BOOK_SCREENSHOTS") == "full"
 
 
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
@@ -40,7 +45,8 @@ def test_page_has_no_problems(site, page, rel):
     assert (SITE / rel).exists(), f"{rel} was not built"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / (rel.replace("/", "__").replace(".html", ".png"))
-    report = audit_page(page, f"{site.url}/{rel}", screenshot=str(shot))
+    report = audit_page(page, f"{site.url}/{rel}", screenshot=str(shot),
+                        full_page=FULL_SCREENSHOTS)
     assert report.problems == [], "\n".join(report.problems)
 
 
@@ -51,11 +57,11 @@ def test_index_redirects_to_the_intro(site, page):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_colab_links_open_this_chapter(site, page, chapter):
+def test_colab_links_open_this_chapter(fresh_page, chapter):
     slug, branch, _ = repo_parts(CONFIG)
     colab = CONFIG["launch_buttons"]["colab_url"].rstrip("/")
     want = f"{colab}/github/{slug}/blob/{branch}/book/{chapter}.ipynb"
-    page.goto(f"{site.url}/book/{chapter}.html")
+    page = fresh_page(f"book/{chapter}.html")
     links = colab_links(page)
     assert links, "no Colab link on the page"
     assert set(links) == {want}, links
@@ -79,11 +85,11 @@ def test_chapter_page_weight(chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_no_exercise_answer_is_readable_without_a_click(site, page, chapter):
+def test_no_exercise_answer_is_readable_without_a_click(fresh_page, chapter):
     """The code that builds an exercise holds its answer (``answer=``,
     ``solution=``): on a freshly loaded page no such source may be
     visible; it may sit behind a collapsed toggle (issue 13)."""
-    page.goto(f"{site.url}/book/{chapter}.html")
+    page = fresh_page(f"book/{chapter}.html")
     sources = page.locator("div.cell_input", has_text="Exercise(")
     assert sources.count() > 0, "no exercise cell found: selector stale?"
     for i in range(sources.count()):
