@@ -179,7 +179,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
         for step in range(max_new_tokens):
             nxt = sampling.sample_next(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                min_p=min_p, generator=generator)                         # (B,)
+                min_p=min_p, generator=generator)            # (B,)
             new.append(nxt)
             if step + 1 < max_new_tokens:
                 # 2) decode: only the newest token; its k, v get cached
