@@ -73,6 +73,18 @@ def _to_cpu(obj):
     return obj
 
 
+def _join_group(rank: int, world_size: int, port: int, timeout: float,
+               threads: int) -> None:
+    """In a spawned rank: set torch's threads and join the gloo process
+    group through the master's TCP store on ``port``."""
+    torch.set_num_threads(threads)
+    store = dist.TCPStore(MASTER_ADDR, port, None, False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout))
+
+
 def _worker_main(rank, world_size, port, timeout, threads, results,
                  worker, args) -> None:
     """Body of each spawned process: join the group, run, report."""
@@ -83,12 +95,7 @@ def _worker_main(rank, world_size, port, timeout, threads, results,
                      traceback.format_exc()))
 
     try:
-        torch.set_num_threads(threads)
-        store = dist.TCPStore(MASTER_ADDR, port, None, False,
-                              timeout=datetime.timedelta(seconds=timeout))
-        dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout))
+        _join_group(rank, world_size, port, timeout, threads)
         try:
             out = _to_cpu(worker(rank, world_size, *args))
         except BaseException as exc:

@@ -29,7 +29,6 @@ Introduced in chapter 14.
 from __future__ import annotations
 
 import atexit
-import datetime
 import io
 import os
 import queue
@@ -41,8 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .parallel import (MASTER_ADDR, ParallelError, _check_worker,
-                       _master_store, _spawnable_main, _to_cpu)
+from .parallel import (ParallelError, _check_worker, _master_store,
+                       _spawnable_main, _to_cpu, _join_group)
 from .validation import check_int, check_real
 
 __all__ = ["Pool"]
@@ -64,12 +63,7 @@ def _pool_main(rank, world_size, port, timeout, threads, tasks, results,
     threading.Thread(target=_watch_parent, args=(parent_pid,),
                      daemon=True).start()
     try:
-        torch.set_num_threads(threads)
-        store = dist.TCPStore(MASTER_ADDR, port, None, False,
-                              timeout=datetime.timedelta(seconds=timeout))
-        dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout))
+        _join_group(rank, world_size, port, timeout, threads)
         results.put((rank, -1, True, b"", ""))           # ready
     except BaseException as exc:                         # noqa: BLE001
         results.put((rank, -1, False, f"{type(exc).__name__}: {exc}",
