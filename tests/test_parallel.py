@@ -22,10 +22,12 @@ def test_a_failing_rank_stops_the_group_with_its_error():
     with pytest.raises(ParallelError, match="rank 1 of 2 failed with "
                        "ValueError: deliberate failure on rank 1") as exc:
         # rank 0 waits for rank 1 in an all-reduce that never completes
-        run(parallel_checks.fail_on_rank, 2, 1, timeout=30)
+        run(parallel_checks.fail_on_rank, 2, 1, timeout=120)
     assert exc.value.rank == 1
     assert exc.value.original == "ValueError: deliberate failure on rank 1"
-    assert time.monotonic() - start < 25          # stopped, not timed out
+    # stopped, not timed out (a wide margin: start-up of two processes
+    # that import torch took 25 s on a machine at load average 22)
+    assert time.monotonic() - start < 100
 
 
 @pytest.mark.distributed
@@ -36,7 +38,7 @@ def test_a_hung_rank_is_stopped_at_the_timeout():
     with pytest.raises(ParallelError, match=r"ranks \[0(, 1)?\] did not "
                        r"finish within timeout=6 s \(all ranks stopped\)"):
         run(parallel_checks.sleep_on_rank, 2, 3600.0, timeout=6)
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 60          # not the 3600 s sleep
 
 
 def test_a_port_in_use_is_a_clear_error():
