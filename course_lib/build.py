@@ -60,12 +60,17 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
     if not c.is_mla and c.attention_head_dim * H != D:
         raise ValueError(f"head_dim must be None or hidden_size / heads = "
                          f"{D // H}, got {c.head_dim}")
+    if c.rope_scaling is not None and not c.is_mla:
+        raise ValueError("rope_scaling (YaRN) is implemented for MLA "
+                         "attention only (course_lib.mla); got it on "
+                         f"config {c.name!r} without kv_lora_rank")
     swiglu = c.hidden_act == "silu"
     lm_cfg = DecoderLMConfig(
         vocab_size=c.vocab_size, d_model=D, n_heads=H,
         n_kv_heads=c.num_key_value_heads, n_layers=c.num_hidden_layers,
         d_ff=max(c.intermediate_size, 1),
         max_len=c.max_position_embeddings, positions=c.position,
+        rope_base=c.rope_theta,
         norm=c.norm, ffn="swiglu" if swiglu else "gelu", bias=bias,
         tie_embeddings=c.tie_word_embeddings)
 
@@ -75,7 +80,8 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
             hidden_size=D, num_attention_heads=H, q_lora_rank=c.q_lora_rank,
             kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
             qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
-            attention_bias=c.attention_bias)
+            attention_bias=c.attention_bias, rope_theta=c.rope_theta,
+            rope_scaling=c.rope_scaling)
 
     def make_attention(i: int):
         return MultiHeadLatentAttention(mla)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .validation import check_int, check_real
+from .yarn import check_rope_scaling
 
 __all__ = ["ModelConfig", "check_model_config"]
 
@@ -55,6 +56,8 @@ class ModelConfig:
     hidden_act: str = "silu"              # "silu" = SwiGLU's gate
     tie_word_embeddings: bool = False     # lm_head shares the (V, D) table
     position: str = "rope"                # "learned" (GPT-2) or "rope"
+    rope_theta: float = 10000.0           # RoPE base b (unused if learned)
+    rope_scaling: dict | None = None      # YaRN keys of config.json or None
     norm: str = "rms"                     # "layer" (w + b) or "rms" (w)
     attention_bias: bool = False          # biases on q/k/v/o projections
     mlp_bias: bool = False                # biases in the dense MLP
@@ -148,6 +151,13 @@ class ModelConfig:
                   minimum=0)
         check_real("routed_scaling_factor", self.routed_scaling_factor,
                    positive=True)
+        check_real("rope_theta", self.rope_theta, positive=True)
+        # a copy, so that the frozen config cannot change under its user
+        object.__setattr__(self, "rope_scaling", check_rope_scaling(
+            "rope_scaling", self.rope_scaling))
+        if self.rope_scaling is not None and self.position != "rope":
+            raise ValueError(f"rope_scaling needs position='rope', got "
+                             f"position={self.position!r}")
         for name in ("published_total", "published_active"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), minimum=1)

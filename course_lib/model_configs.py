@@ -30,6 +30,7 @@ Introduced in chapter 12.
 """
 from __future__ import annotations
 
+from .mla_config import deepseek_yarn
 from .model_config import ModelConfig, check_model_config
 
 __all__ = ["ModelConfig", "check_model_config", "GPT2_SMALL", "LLAMA2_7B",
@@ -73,6 +74,7 @@ LLAMA2_7B = ModelConfig(
     max_position_embeddings=4096,
     hidden_act="silu",
     tie_word_embeddings=False,
+    rope_theta=10000.0,
     # Name says 7B; the exact count (model card: 6.74B) is this one.
     published_total=6_738_415_616,
     source="meta-llama/Llama-2-7b-hf config.json; Touvron et al. (2023)",
@@ -93,6 +95,7 @@ MIXTRAL_8X7B = ModelConfig(
     max_position_embeddings=32768,
     hidden_act="silu",
     tie_word_embeddings=False,
+    rope_theta=1e6,
     n_routed_experts=8,
     num_experts_per_tok=2,
     n_shared_experts=0,
@@ -120,6 +123,8 @@ DEEPSEEK_V3 = ModelConfig(
     max_position_embeddings=163840,
     hidden_act="silu",
     tie_word_embeddings=False,
+    rope_theta=10000.0,
+    rope_scaling=deepseek_yarn(mscale=1.0),   # 4K x 40 = 163,840
     q_lora_rank=1536,               # query latent (not the query width)
     kv_lora_rank=512,               # cached latent c^KV per token
     qk_nope_head_dim=128,
@@ -155,6 +160,13 @@ KIMI_K2 = ModelConfig(
     max_position_embeddings=131072,
     hidden_act="silu",
     tie_word_embeddings=False,
+    rope_theta=50000.0,
+    # YaRN like DeepSeek-V3 but 4K x 32 and beta_fast = beta_slow = 1
+    # (Kimi-K2-Instruct-0905 extends to 256K with factor 64)
+    rope_scaling={"type": "yarn", "factor": 32,
+                  "original_max_position_embeddings": 4096,
+                  "beta_fast": 1, "beta_slow": 1,
+                  "mscale": 1.0, "mscale_all_dim": 1.0},
     q_lora_rank=1536,
     kv_lora_rank=512,
     qk_nope_head_dim=128,
@@ -192,6 +204,7 @@ SMOLLM2_135M = ModelConfig(
     max_position_embeddings=8192,
     hidden_act="silu",
     tie_word_embeddings=True,       # the embedding is 21% of the model
+    rope_theta=100000.0,            # the GGUF's llama.rope.freq_base
     published_total=134_515_008,    # num_parameters of the checkpoint
     source="HuggingFaceTB/SmolLM2-135M config.json; Allal et al. (2025)",
 )

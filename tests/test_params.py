@@ -6,6 +6,7 @@ References: the published figures, closed forms written out by hand, and
 The transformers comparison is in test_params_reference.py.
 """
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -204,6 +205,61 @@ def test_active_equals_router_choice_in_built_moe():
     assert len(unused) == 3 * 3 * (8 - 2)     # layers x matrices x experts
     params = dict(model.named_parameters())
     assert sum(params[k].numel() for k in unused) == n.total - n.active
+
+
+# ------------------------------------------- RoPE base and YaRN scaling
+def test_rope_base_reaches_the_built_model():
+    # Mixtral's base 1e6, checked on what the layer computes: a vector
+    # e_i (first half of the head, torch's half-split layout) at position
+    # p turns by the angle p / b^(2i/d) into the pair (i, i + d/2).
+    cfg = shrink(MIXTRAL_8X7B)
+    assert cfg.rope_theta == 1e6
+    rope = build_small_model(cfg).layers[0].attention.rope
+    d = cfg.hidden_size // cfg.num_attention_heads          # 8
+    p, i = 5, 1
+    x = torch.zeros(1, 1, 1, d, dtype=torch.float64)
+    x[..., i] = 1.0
+    y = rope(x, torch.tensor([p]))
+    angle = p / 1e6 ** (2 * i / d)
+    expect = torch.zeros(d, dtype=torch.float64)
+    expect[i], expect[i + d // 2] = math.cos(angle), math.sin(angle)
+    torch.testing.assert_close(y.reshape(d), expect)
+
+
+def test_yarn_scaling_reaches_the_built_mla():
+    # DeepSeek-V3's released YaRN: softmax scale 1/sqrt(192) on the full
+    # config, times mscale^2 = (0.1 ln 40 + 1)^2 = 1.8739 (issue text)
+    assert DEEPSEEK_V3.rope_scaling == {
+        "type": "yarn", "factor": 40,
+        "original_max_position_embeddings": 4096, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    assert DEEPSEEK_V3.rope_theta == 10000.0
+    cfg = shrink(DEEPSEEK_V3)
+    attn = build_small_model(cfg).layers[0].attention
+    mscale2 = (0.1 * math.log(40) + 1) ** 2
+    assert mscale2 == pytest.approx(1.8739, abs=1e-4)
+    assert attn.scale == pytest.approx((6 + 4) ** -0.5 * mscale2)
+    assert attn.config.rope_scaling == DEEPSEEK_V3.rope_scaling
+    plain = build_small_model(dataclasses.replace(cfg, rope_scaling=None))
+    assert plain.layers[0].attention.scale == pytest.approx((6 + 4) ** -0.5)
+
+
+def test_rope_fields_are_checked():
+    with pytest.raises(ValueError, match="rope_theta"):
+        dataclasses.replace(LLAMA2_7B, rope_theta=0.0)
+    with pytest.raises(ValueError, match="rope_scaling"):
+        dataclasses.replace(LLAMA2_7B, rope_scaling={"type": "yarn"})
+    with pytest.raises(ValueError, match="needs position='rope'"):
+        dataclasses.replace(GPT2_SMALL, rope_scaling=DEEPSEEK_V3.rope_scaling)
+    with pytest.raises(ValueError, match="MLA attention only"):
+        build_small_model(shrink(LLAMA2_7B,
+                                 rope_scaling=DEEPSEEK_V3.rope_scaling))
+    # the config keeps its own copy: changing the caller's dict later
+    # cannot change a frozen config
+    scaling = dict(DEEPSEEK_V3.rope_scaling)
+    cfg = dataclasses.replace(DEEPSEEK_V3, rope_scaling=scaling)
+    scaling["factor"] = 2
+    assert cfg.rope_scaling["factor"] == 40
 
 
 # ------------------------------------------------------- bad input

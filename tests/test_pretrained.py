@@ -203,9 +203,10 @@ def test_config_and_parameter_count(smollm2):
     assert n == count_parameters(SMOLLM2_135M).total == 134_515_008
     s = SMOLLM2_135M
     assert (s.num_hidden_layers, s.hidden_size, s.num_attention_heads,
-            s.num_key_value_heads, s.intermediate_size, s.vocab_size) == \
+            s.num_key_value_heads, s.intermediate_size, s.vocab_size,
+            s.rope_theta) == \
         (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff,
-         c.vocab_size)
+         c.vocab_size, c.rope_base)
     assert all(p.device.type == "cpu" and p.dtype == torch.float32
                for p in model.parameters())
 
