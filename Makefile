@@ -52,8 +52,13 @@ book: $(STAMP) vendor
 
 test: test-unit test-notebooks test-build test-browser
 
+# Unit tests on 2 workers, one test file per worker (--dist loadfile), so
+# that a file's session fixtures (SmolLM2 and its transformers reference,
+# the spawned process groups of chapter 14) load once per file's worker.
+UNIT_WORKERS ?= 2
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -p no:cacheprovider \
+	  -n $(UNIT_WORKERS) --dist loadfile
 
 # nbval: one notebook per worker (--dist loadfile keeps a notebook's cells
 # in order in one kernel); 2 workers on 2 cores: 222 s -> 151 s. Handed
