@@ -22,7 +22,7 @@ from .validation import check_real
 
 __all__ = ["BODY_PX", "PHONE_COLUMN_PX", "PHONE_MIN_PX", "FRAME_DENSITY",
            "frame_font_pt", "draw_frame", "smallest_text_pt",
-           "figure_to_png"]
+           "clipped_texts", "frame_png", "figure_to_png"]
 
 BODY_PX = 16            # the book's body text (a paragraph's font-size)
 PHONE_COLUMN_PX = 358   # text column at a 390 px wide phone viewport
@@ -117,14 +117,75 @@ def smallest_text_pt(fig: Any) -> float:
     return min(sizes, default=float("inf"))
 
 
+def clipped_texts(fig: Any) -> list[str]:
+    """Texts of ``fig`` that stick out of its canvas, where a reader sees
+    them cut off (the figure is drawn once, on an Agg canvas, at its own
+    dpi). Tick labels of ticks outside the view limits are not drawn and
+    do not count."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+    if not hasattr(fig, "findobj") or not hasattr(fig, "bbox"):
+        raise TypeError(f"fig must be a matplotlib Figure, got "
+                        f"{type(fig).__name__}")
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    hidden = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            span = 1e-9 * max(1.0, abs(hi - lo))
+            hidden |= {id(label) for tick in axis.get_major_ticks()
+                       + axis.get_minor_ticks()
+                       if not lo - span <= tick.get_loc() <= hi + span
+                       for label in (tick.label1, tick.label2)}
+    box, out = fig.bbox, []
+    for t in fig.findobj(Text):
+        if not t.get_visible() or not t.get_text().strip() or id(t) in hidden:
+            continue
+        e = t.get_window_extent(renderer)
+        if (e.x0 < box.x0 - 1 or e.x1 > box.x1 + 1 or e.y0 < box.y0 - 1
+                or e.y1 > box.y1 + 1):
+            out.append(t.get_text())
+    return out
+
+
+def frame_png(fig: Any, *, dpi: float) -> bytes:
+    """Draw ``fig`` once at ``dpi`` on an Agg canvas (left attached, so
+    that :func:`clipped_texts` reads the same layout) and return it as a
+    256-colour PNG of exactly ``figsize * dpi`` pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+    check_real("dpi", dpi, positive=True)
+    if not hasattr(fig, "set_dpi"):
+        raise TypeError(f"fig must be a matplotlib Figure, got "
+                        f"{type(fig).__name__}")
+    fig.set_dpi(dpi)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    image = Image.frombuffer("RGBA", canvas.get_width_height(),
+                             canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    return _palette_png(image)
+
+
+def _palette_png(image: Any) -> bytes:
+    """``image`` as a PNG with an adaptive 256-colour palette: line art and
+    text lose nothing visible, and the file shrinks to about 40%."""
+    from PIL import Image
+    out = io.BytesIO()
+    image.convert("RGB").quantize(
+        256, method=Image.Quantize.MEDIANCUT,
+        dither=Image.Dither.NONE).save(out, format="png", optimize=True)
+    return out.getvalue()
+
+
 def figure_to_png(fig: Any, *, dpi: float = 72, tight: bool = True,
                   palette: bool = False) -> bytes:
     """Render a matplotlib Figure to PNG bytes (no pyplot state touched).
 
     ``tight`` crops the saved image to what is drawn (``bbox_inches``);
     without it the image is exactly ``figsize * dpi`` pixels. ``palette``
-    stores at most 256 colours (an adaptive palette: line art and text
-    lose nothing visible, and the file shrinks to about 40%).
+    stores at most 256 colours (see :func:`frame_png`).
     """
     if not hasattr(fig, "savefig"):
         raise TypeError(f"fig must be a matplotlib Figure, got "
@@ -136,9 +197,4 @@ def figure_to_png(fig: Any, *, dpi: float = 72, tight: bool = True,
     if not palette:
         return buf.getvalue()
     from PIL import Image
-    image = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
-    out = io.BytesIO()
-    image.quantize(256, method=Image.Quantize.MEDIANCUT,
-                   dither=Image.Dither.NONE).save(out, format="png",
-                                                  optimize=True)
-    return out.getvalue()
+    return _palette_png(Image.open(io.BytesIO(buf.getvalue())))

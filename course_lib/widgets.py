@@ -34,8 +34,9 @@ import re
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
-from .frames import (FRAME_DENSITY, draw_frame, figure_to_png,
-                     frame_font_pt, smallest_text_pt)
+from .frames import (FRAME_DENSITY, clipped_texts, draw_frame,
+                     figure_to_png, frame_font_pt, frame_png,
+                     smallest_text_pt)
 from .markdown import markdown_to_html
 from .source import show_source, source_lines
 
@@ -151,13 +152,14 @@ class Explorer:
             self.initial[name] = value
         self.title, self.draw = title, draw
         if (not isinstance(figsize, (tuple, list)) or len(figsize) != 2
-                or not all(isinstance(v, (int, float)) and 0 < v < 100
-                           for v in figsize)):
+                or not all(isinstance(v, (int, float)) and not isinstance(
+                    v, bool) and 0 < v < 100 for v in figsize)):
             raise ValueError(f"figsize must be (width, height) in inches, "
                              f"each in (0, 100), got {figsize!r}")
         if dpi is None:
             dpi = 72 * FRAME_DENSITY
-        if not isinstance(dpi, (int, float)) or not 20 <= dpi <= 600:
+        if (isinstance(dpi, bool) or not isinstance(dpi, (int, float))
+                or not 20 <= dpi <= 600):
             raise ValueError(f"dpi must be a number in [20, 600], got {dpi!r}")
         self.figsize, self.dpi = (float(figsize[0]), float(figsize[1])), dpi
         self.font_pt = frame_font_pt(self.figsize[0])
@@ -173,11 +175,12 @@ class Explorer:
             raise ValueError(f"render() needs values for {sorted(missing)}")
         return draw_frame(self.draw, params, figsize=self.figsize)
 
-    def _frame(self, **params: Any) -> tuple[bytes, float]:
-        """One frame as PNG bytes and its smallest text size in pt."""
+    def _frame(self, **params: Any) -> tuple[bytes, float, list[str]]:
+        """One frame as PNG bytes, its smallest text size in pt and the
+        texts that stick out of the canvas."""
         fig = self.render(**params)
-        png = figure_to_png(fig, dpi=self.dpi, tight=False, palette=True)
-        return png, smallest_text_pt(fig)
+        png = frame_png(fig, dpi=self.dpi)
+        return png, smallest_text_pt(fig), clipped_texts(fig)
 
     def png(self, **params: Any) -> bytes:
         """One frame as PNG bytes."""
@@ -195,10 +198,13 @@ class Explorer:
         rendered = [self._frame(**p) for p in self.combinations()]
         frames = ["data:image/png;base64,"
                   + base64.b64encode(png).decode("ascii")
-                  for png, _ in rendered]
+                  for png, _, _ in rendered]
         # What the browser tests check: the smallest text, in px of the
-        # image's natural size, shows at font_px * shown / natural width.
-        font_px = min(pt for _, pt in rendered) * self.dpi / 72
+        # image's natural size, shows at font_px * shown / natural width;
+        # no text is cut off at the frame's edge.
+        font_px = min(pt for _, pt, _ in rendered) * self.dpi / 72
+        clipped = html.escape(json.dumps(sorted(
+            {t for _, _, texts in rendered for t in texts})[:5]))
         width_css = round(self.figsize[0] * 72)
         dom = f"ti-explorer-{self.key}"
         sliders = []
@@ -224,6 +230,7 @@ class Explorer:
 <div class="ti-controls">{''.join(sliders)}</div>
 <img class="ti-frame" alt="{alt}" src="{frames[first]}"
 width="{width_css}" data-font-px="{font_px:.2f}"
+data-clipped-text="{clipped}"
 style="max-width:100%;height:auto">
 <p class="ti-note"><em>Pre-rendered frames for the slider values. To explore
 freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>

@@ -178,7 +178,7 @@ def test_static_sliders_announce_their_value():
     assert 'setAttribute("aria-valuetext"' in html
 
 
-# -- legible frames (issue 13) -------------------------------------------------
+# -- legible frames (issue 13) ---------------------------------------------
 def crowded(fig, *, a):
     """Sizes set by hand below the limit, ticks made at draw time, and a
     tight_layout call, as chapters' drawing functions do."""
@@ -289,3 +289,23 @@ def test_bad_frame_geometry(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         Explorer(key="t-x", title="t", draw=draw, controls={"a": [1]},
                  **kwargs)
+
+
+def test_text_cut_off_at_the_frame_edge_is_reported():
+    from course_lib.frames import clipped_texts
+
+    def long_title(fig, *, a):
+        ax = fig.add_subplot()
+        ax.plot([0, 1], [0, a])
+        ax.set_title("a title far too long for a frame of this width, "
+                     "however it is laid out " * a)
+    ok = Explorer(key="t-c", title="t", draw=crowded, controls={"a": [1]},
+                  figsize=(7.2, 3.2))
+    assert clipped_texts(ok.render(a=1)) == []
+    assert 'data-clipped-text="[]"' in ok.static_html()
+    bad = Explorer(key="t-l", title="t", draw=long_title,
+                   controls={"a": [1, 2]}, figsize=(7.2, 3.2))
+    fig = bad.render(a=1)
+    assert clipped_texts(fig) == [fig.axes[0].get_title()]
+    img = re.search(r'<img class="ti-frame"[^>]*>', bad.static_html()).group(0)
+    assert "a title far too long" in img and "[]" not in img
