@@ -291,14 +291,15 @@ def test_bad_frame_geometry(kwargs, needle):
                  **kwargs)
 
 
+@pytest.mark.filterwarnings("ignore:constrained_layout not applied")
 def test_text_cut_off_at_the_frame_edge_is_reported():
     from course_lib.frames import clipped_texts
 
     def long_title(fig, *, a):
         ax = fig.add_subplot()
         ax.plot([0, 1], [0, a])
-        ax.set_title("a title far too long for a frame of this width, "
-                     "however it is laid out " * a)
+        ax.text(0, a / 2, "a label far too long for a frame of this width, "
+                "however it is laid out " * a)
     ok = Explorer(key="t-c", title="t", draw=crowded, controls={"a": [1]},
                   figsize=(7.2, 3.2))
     assert clipped_texts(ok.render(a=1)) == []
@@ -306,6 +307,25 @@ def test_text_cut_off_at_the_frame_edge_is_reported():
     bad = Explorer(key="t-l", title="t", draw=long_title,
                    controls={"a": [1, 2]}, figsize=(7.2, 3.2))
     fig = bad.render(a=1)
-    assert clipped_texts(fig) == [fig.axes[0].get_title()]
+    assert clipped_texts(fig) == [fig.axes[0].texts[0].get_text()]
     img = re.search(r'<img class="ti-frame"[^>]*>', bad.static_html()).group(0)
-    assert "a title far too long" in img and "[]" not in img
+    assert "a label far too long" in img and "[]" not in img
+
+
+def test_a_title_too_long_for_the_frame_wraps_inside_it():
+    from course_lib.frames import clipped_texts
+
+    def long_title(fig, *, a):
+        ax = fig.add_subplot()
+        ax.plot([0, 1], [0, a])
+        ax.set_title("layer 1, head 0: previous (1st seg.) 0.43, "
+                     "induction 0.91", fontsize=8)
+        fig.suptitle("a suptitle that is also much too long for this "
+                     "narrow frame")
+    ex = Explorer(key="t-w", title="t", draw=long_title,
+                  controls={"a": [1]}, figsize=(5, 4))
+    fig = ex.render(a=1)
+    assert clipped_texts(fig) == []
+    height = fig.axes[0].title.get_window_extent(
+        fig.canvas.get_renderer()).height
+    assert height > 1.8 * ex.font_pt * fig.dpi / 72     # two lines
