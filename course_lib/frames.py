@@ -55,8 +55,8 @@ def _frame_style(font_pt: float) -> dict:
 def _raise_small_text(fig: Any, font_pt: float) -> None:
     """Raise every text of ``fig`` set smaller by hand (``fontsize=8``,
     ``tick_params(labelsize=...)``) to ``font_pt``; tick labels through
-    ``tick_params``, so that ticks made at draw time follow. Titles wrap
-    at the frame's edge instead of running off it."""
+    ``tick_params``, so that ticks made at draw time follow. Titles and
+    axis labels wrap at the frame's edge instead of running off it."""
     from matplotlib.text import Text
     for ax in fig.axes:
         for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
@@ -66,8 +66,9 @@ def _raise_small_text(fig: Any, font_pt: float) -> None:
     for text in fig.findobj(Text):
         if text.get_fontsize() < font_pt:
             text.set_fontsize(font_pt)
-    # titles too long for the frame at this size wrap at its edge
-    for text in [ax.title for ax in fig.axes] + list(fig.texts):
+    # titles and labels too long for the frame wrap at its edge
+    for text in [t for ax in fig.axes for t in (
+            ax.title, ax.xaxis.label, ax.yaxis.label)] + list(fig.texts):
         text.set_wrap(True)
 
 
