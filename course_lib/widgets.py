@@ -13,7 +13,9 @@ of the same thing in one output:
 
 A front end shows the richest view it can render (the widget); the book's
 ``_config.yml`` drops the widget view for HTML so the player is shown.
-This module also holds the small display helpers that
+Frames are drawn by :mod:`course_lib.frames` so that their text is
+legible on a desktop and on a phone. This module also holds the small
+display helpers that
 :mod:`course_lib.exercises` shares: Colab detection and the mime bundle
 both kinds of object return; Markdown rendering lives in
 :mod:`course_lib.markdown`, ``show_source`` in :mod:`course_lib.source`
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import itertools
 import json
 import os
@@ -33,11 +34,15 @@ import re
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
+from .frames import (FRAME_DENSITY, clipped_texts, draw_frame,
+                     figure_to_png, frame_font_pt, frame_png,
+                     smallest_text_pt)
 from .markdown import markdown_to_html
 from .source import show_source, source_lines
 
 __all__ = ["Explorer", "in_colab", "markdown_to_html", "figure_to_png",
-           "show_source", "source_lines", "check_key", "widget_bundle"]
+           "frame_font_pt", "show_source", "source_lines", "check_key",
+           "widget_bundle"]
 
 _KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 MAX_FRAMES = 40  # page-weight budget: frames are inlined PNGs
@@ -75,19 +80,6 @@ def widget_bundle(widget: Any, static_html: str, plain: str) -> dict:
     return bundle
 
 
-
-
-
-def figure_to_png(fig: Any, *, dpi: int = 72) -> bytes:
-    """Render a matplotlib Figure to PNG bytes (no pyplot state touched)."""
-    if not hasattr(fig, "savefig"):
-        raise TypeError(f"fig must be a matplotlib Figure, got "
-                        f"{type(fig).__name__}")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
-
-
 # --------------------------------------------------------------------------
 # Explorer
 # --------------------------------------------------------------------------
@@ -102,8 +94,18 @@ class Explorer:
             The static player pre-renders every combination, so the product
             of the value counts must stay <= 40.
         initial: starting value per parameter (default: the middle value).
-        figsize: figure size in inches.
-        dpi: resolution of rendered frames (keeps the page light).
+        figsize: figure size in inches. The book shows a frame at one CSS
+            px per point (``figsize[0] * 72`` px wide) or the column width if
+            that is less; 7.2 in fits a desktop column at body-size text and
+            a phone at 11 px (see :func:`frame_font_pt`).
+        dpi: device pixels per inch of the rendered frames (default
+            ``72 * FRAME_DENSITY``: sharp on HiDPI screens, light pages).
+
+    Every text of a frame is drawn at least :func:`frame_font_pt` points
+    (rcParams for what the drawing leaves at its default, and smaller
+    sizes set by hand are raised), with constrained layout, so that tick
+    labels and legends read at body size on a desktop and at >= 11 CSS px
+    on a 390 px phone.
         labels: optional display label per parameter (default: its name).
 
     Introduced in chapter 1.
@@ -113,7 +115,8 @@ class Explorer:
                  draw: Callable[..., None],
                  controls: Mapping[str, Sequence[Any]],
                  initial: Mapping[str, Any] | None = None,
-                 figsize: tuple[float, float] = (6.4, 3.6), dpi: int = 72,
+                 figsize: tuple[float, float] = (6.4, 3.6),
+                 dpi: float | None = None,
                  labels: Mapping[str, str] | None = None) -> None:
         self.key = check_key(key)
         if not callable(draw):
@@ -148,24 +151,40 @@ class Explorer:
                                  f"of the control values {values}")
             self.initial[name] = value
         self.title, self.draw = title, draw
-        self.figsize, self.dpi = figsize, dpi
+        if (not isinstance(figsize, (tuple, list)) or len(figsize) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(
+                    v, bool) and 0 < v < 100 for v in figsize)):
+            raise ValueError(f"figsize must be (width, height) in inches, "
+                             f"each in (0, 100), got {figsize!r}")
+        if dpi is None:
+            dpi = 72 * FRAME_DENSITY
+        if (isinstance(dpi, bool) or not isinstance(dpi, (int, float))
+                or not 20 <= dpi <= 600):
+            raise ValueError(f"dpi must be a number in [20, 600], got {dpi!r}")
+        self.figsize, self.dpi = (float(figsize[0]), float(figsize[1])), dpi
+        self.font_pt = frame_font_pt(self.figsize[0])
         self.labels = {n: (labels or {}).get(n, n) for n in self.controls}
         self._widget = None
 
     # -- rendering ---------------------------------------------------------
     def render(self, **params: Any) -> Any:
-        """Draw one frame and return the matplotlib Figure."""
-        from matplotlib.figure import Figure
+        """Draw one frame and return the matplotlib Figure (see
+        :func:`course_lib.frames.draw_frame`: text at least ``font_pt``)."""
         missing = set(self.controls) - set(params)
         if missing:
             raise ValueError(f"render() needs values for {sorted(missing)}")
-        fig = Figure(figsize=self.figsize)
-        self.draw(fig, **params)
-        return fig
+        return draw_frame(self.draw, params, figsize=self.figsize)
+
+    def _frame(self, **params: Any) -> tuple[bytes, float, list[str]]:
+        """One frame as PNG bytes, its smallest text size in pt and the
+        texts that stick out of the canvas."""
+        fig = self.render(**params)
+        png = frame_png(fig, dpi=self.dpi)
+        return png, smallest_text_pt(fig), clipped_texts(fig)
 
     def png(self, **params: Any) -> bytes:
         """One frame as PNG bytes."""
-        return figure_to_png(self.render(**params), dpi=self.dpi)
+        return self._frame(**params)[0]
 
     def combinations(self) -> list[dict]:
         """All parameter combinations, last control varying fastest."""
@@ -176,9 +195,17 @@ class Explorer:
     # -- static view -------------------------------------------------------
     def static_html(self) -> str:
         """A self-contained HTML/JS frame player (no kernel, no CDN)."""
+        rendered = [self._frame(**p) for p in self.combinations()]
         frames = ["data:image/png;base64,"
-                  + base64.b64encode(self.png(**p)).decode("ascii")
-                  for p in self.combinations()]
+                  + base64.b64encode(png).decode("ascii")
+                  for png, _, _ in rendered]
+        # What the browser tests check: the smallest text, in px of the
+        # image's natural size, shows at font_px * shown / natural width;
+        # no text is cut off at the frame's edge.
+        font_px = min(pt for _, pt, _ in rendered) * self.dpi / 72
+        clipped = html.escape(json.dumps(sorted(
+            {t for _, _, texts in rendered for t in texts})[:5]))
+        width_css = round(self.figsize[0] * 72)
         dom = f"ti-explorer-{self.key}"
         sliders = []
         for i, (name, values) in enumerate(self.controls.items()):
@@ -202,6 +229,8 @@ class Explorer:
 <div class="ti-explorer-title">{title}</div>
 <div class="ti-controls">{''.join(sliders)}</div>
 <img class="ti-frame" alt="{alt}" src="{frames[first]}"
+width="{width_css}" data-font-px="{font_px:.2f}"
+data-clipped-text="{clipped}"
 style="max-width:100%;height:auto">
 <p class="ti-note"><em>Pre-rendered frames for the slider values. To explore
 freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
@@ -248,7 +277,9 @@ freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
             # An Image widget, not an Output widget: redrawing only swaps
             # PNG bytes, which works the same in ipywidgets 7 and 8 and in
             # kernels with no front end attached (nbclient, nbval).
-            image = widgets.Image(format="png")
+            image = widgets.Image(format="png", width=str(round(
+                self.figsize[0] * 72)), layout=widgets.Layout(
+                    max_width="100%", height="auto"))
 
             def redraw(change: Any = None) -> None:
                 params = {n: s.value for n, s in sliders.items()}

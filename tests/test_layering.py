@@ -12,8 +12,8 @@ import pytest
 
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
 HELPERS = {"validation", "timing", "training", "special_tokens", "threads",
-           "widgets", "markdown", "source", "exercises", "exercise_base",
-           "answers", "function_exercise"}
+           "widgets", "frames", "markdown", "source", "exercises",
+           "exercise_base", "answers", "function_exercise"}
 
 
 def chapter_of(path: Path) -> int:

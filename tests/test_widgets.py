@@ -176,3 +176,156 @@ def test_static_sliders_announce_their_value():
     html = ex.static_html()
     assert 'aria-valuetext="' in html
     assert 'setAttribute("aria-valuetext"' in html
+
+
+# -- legible frames (issue 13) ---------------------------------------------
+def crowded(fig, *, a):
+    """Sizes set by hand below the limit, ticks made at draw time, and a
+    tight_layout call, as chapters' drawing functions do."""
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.plot(range(10), [a * i for i in range(10)], label="a line")
+    ax1.legend(fontsize=6)
+    ax1.set_title("left", fontsize=7)
+    ax1.tick_params(labelsize=5)
+    ax2.bar(range(3), [1, 2, 3])
+    ax2.set_xticks(range(3), ["x", "y", "z"], fontsize=6)
+    ax2.text(0, 2, "note", fontsize=4)
+    ax2.set_xlabel("a label")
+    fig.tight_layout()
+
+
+def test_frame_font_closed_form():
+    from course_lib.widgets import frame_font_pt
+    assert frame_font_pt(7.2) == 16                 # 518 pt: 16 * 358/518 > 11
+    for w in (8.0, 10.0):
+        f = frame_font_pt(w)
+        assert f > 16 and f * 358 / (72 * w) == pytest.approx(11)
+    with pytest.raises(ValueError, match="width_in"):
+        frame_font_pt(-1)
+
+
+@pytest.mark.parametrize("width", [6.4, 7.2, 9.0])
+def test_every_text_of_a_frame_is_at_least_the_frame_font(width):
+    from course_lib.widgets import frame_font_pt
+    from matplotlib.text import Text
+    ex = Explorer(key="t-c", title="t", draw=crowded, controls={"a": [1]},
+                  figsize=(width, 3.2))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    fig = ex.render(a=1)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()                                    # ticks made now count
+    texts = [t for t in fig.findobj(Text) if t.get_visible()
+             and t.get_text().strip()]
+    assert len(texts) > 10
+    assert min(t.get_fontsize() for t in texts) >= frame_font_pt(width)
+    # drawn at that size: a glyph box is about as tall as the font size
+    renderer = canvas.get_renderer()
+    note = next(t for t in texts if t.get_text() == "note")
+    height = note.get_window_extent(renderer).height * 72 / fig.dpi
+    assert height >= 0.9 * frame_font_pt(width)
+    # and laid out inside the canvas, not cut off at its edge (tick labels
+    # of ticks outside the view limits are not drawn)
+    hidden = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            hidden |= {id(label) for tick in axis.get_major_ticks()
+                       + axis.get_minor_ticks()
+                       if not lo - 1e-9 <= tick.get_loc() <= hi + 1e-9
+                       for label in (tick.label1, tick.label2)}
+    box = fig.bbox
+    for t in (t for t in texts if id(t) not in hidden):
+        e = t.get_window_extent(renderer)
+        assert e.x0 >= box.x0 - 1 and e.x1 <= box.x1 + 1, t.get_text()
+        assert e.y0 >= box.y0 - 1 and e.y1 <= box.y1 + 1, t.get_text()
+
+
+def test_frame_png_size_palette_and_recorded_font():
+    import io
+
+    from PIL import Image
+
+    from course_lib.widgets import FRAME_DENSITY, frame_font_pt
+    ex = Explorer(key="t-c", title="t", draw=crowded,
+                  controls={"a": [1, 2]}, figsize=(7.2, 3.2))
+    png = ex.png(a=1)
+    image = Image.open(io.BytesIO(png))
+    assert image.size == (int(7.2 * 72 * FRAME_DENSITY),
+                          int(3.2 * 72 * FRAME_DENSITY))
+    assert image.mode == "P"                         # 256-colour palette
+    # the palette keeps the picture: compare with the full-colour render
+    from course_lib.widgets import figure_to_png
+    full = Image.open(io.BytesIO(figure_to_png(
+        ex.render(a=1), dpi=ex.dpi, tight=False))).convert("RGB")
+    diff = [abs(p - q) for p, q in zip(image.convert("RGB").tobytes(),
+                                       full.tobytes())]
+    assert sum(diff) / len(diff) < 1.0 and len(png) < len(figure_to_png(
+        ex.render(a=1), dpi=ex.dpi, tight=False))
+    html = ex.static_html()
+    img = re.search(r'<img class="ti-frame"[^>]*>', html).group(0)
+    assert 'width="518"' in img                      # 7.2 in at 1 px per pt
+    font_px = float(re.search(r'data-font-px="([\d.]+)"', img).group(1))
+    assert font_px == pytest.approx(frame_font_pt(7.2) * FRAME_DENSITY)
+
+
+def test_recorded_font_is_the_smallest_drawn():
+    def big(fig, *, a):
+        ax = fig.add_subplot()
+        ax.plot([0, 1], [0, a])
+        for t in (ax.set_title("t", fontsize=30), ax.set_xlabel("x"),
+                  ax.set_ylabel("y")):
+            t.set_fontsize(30)
+        ax.tick_params(labelsize=25)
+    ex = Explorer(key="t-b", title="t", draw=big, controls={"a": [1]},
+                  figsize=(7.2, 3.2), dpi=72)
+    img = re.search(r'<img class="ti-frame"[^>]*>', ex.static_html()).group(0)
+    assert 'data-font-px="25.00"' in img
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(figsize=(0, 3)), "figsize"), (dict(figsize="big"), "figsize"),
+    (dict(dpi=0), "dpi"), (dict(dpi="72"), "dpi")])
+def test_bad_frame_geometry(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        Explorer(key="t-x", title="t", draw=draw, controls={"a": [1]},
+                 **kwargs)
+
+
+@pytest.mark.filterwarnings("ignore:constrained_layout not applied")
+def test_text_cut_off_at_the_frame_edge_is_reported():
+    from course_lib.frames import clipped_texts
+
+    def long_title(fig, *, a):
+        ax = fig.add_subplot()
+        ax.plot([0, 1], [0, a])
+        ax.text(0, a / 2, "a label far too long for a frame of this width, "
+                "however it is laid out " * a)
+    ok = Explorer(key="t-c", title="t", draw=crowded, controls={"a": [1]},
+                  figsize=(7.2, 3.2))
+    assert clipped_texts(ok.render(a=1)) == []
+    assert 'data-clipped-text="[]"' in ok.static_html()
+    bad = Explorer(key="t-l", title="t", draw=long_title,
+                   controls={"a": [1, 2]}, figsize=(7.2, 3.2))
+    fig = bad.render(a=1)
+    assert clipped_texts(fig) == [fig.axes[0].texts[0].get_text()]
+    img = re.search(r'<img class="ti-frame"[^>]*>', bad.static_html()).group(0)
+    assert "a label far too long" in img and "[]" not in img
+
+
+def test_a_title_too_long_for_the_frame_wraps_inside_it():
+    from course_lib.frames import clipped_texts
+
+    def long_title(fig, *, a):
+        ax = fig.add_subplot()
+        ax.plot([0, 1], [0, a])
+        ax.set_title("layer 1, head 0: previous (1st seg.) 0.43, "
+                     "induction 0.91", fontsize=8)
+        fig.suptitle("a suptitle that is also much too long for this "
+                     "narrow frame")
+    ex = Explorer(key="t-w", title="t", draw=long_title,
+                  controls={"a": [1]}, figsize=(5, 4))
+    fig = ex.render(a=1)
+    assert clipped_texts(fig) == []
+    height = fig.axes[0].title.get_window_extent(
+        fig.canvas.get_renderer()).height
+    assert height > 1.8 * ex.font_pt * fig.dpi / 72     # two lines

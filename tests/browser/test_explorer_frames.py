@@ -1,0 +1,83 @@
+"""Explorer frames a reader can read (issue 13): on a 1280 px screen the
+text of every frame (tick labels, legends, titles, annotations) shows at
+least at the body-text size of the page, and on a 390 px phone the frame
+fits the width and its text shows at least ``PHONE_MIN_PX`` CSS px.
+
+The size of a frame's smallest text is written by ``Explorer.static_html``
+into ``data-font-px``, in pixels of the image's natural size (measured on
+the drawn matplotlib figures, not assumed), so the text shows at
+``font_px * displayed width / natural width`` CSS px. A frame without it
+was rendered before this check existed, by matplotlib at its default
+10 pt and 72 dpi: 10 px of natural size at most. ``data-clipped-text``
+lists texts of any frame that stick out of the canvas (cut off); it must
+be empty.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import new_page, open_page
+from test_pages import CHAPTERS
+
+pytestmark = pytest.mark.browser
+
+PHONE_MIN_PX = 11          # course_lib.widgets.PHONE_MIN_PX
+OLD_FONT_PX = 10.0         # frames without data-font-px (see above)
+
+FRAMES_JS = """() => ({
+    body: parseFloat(getComputedStyle(
+        document.querySelector('article p')).fontSize),
+    inner: window.innerWidth,
+    frames: Array.from(document.querySelectorAll('img.ti-frame')).map(i => ({
+        key: i.closest('.ti-explorer').id,
+        shown: i.getBoundingClientRect().width,
+        right: i.getBoundingClientRect().right,
+        natural: i.naturalWidth,
+        font: i.dataset.fontPx === undefined ? null
+              : parseFloat(i.dataset.fontPx),
+        clipped: i.dataset.clippedText === undefined ? null
+                 : JSON.parse(i.dataset.clippedText)}))})"""
+
+
+def frames_at(browser, url: str, width: int, height: int) -> dict:
+    for page in new_page(browser, viewport={"width": width,
+                                            "height": height}):
+        open_page(page, url)
+        page.wait_for_function("""() => Array.from(document.querySelectorAll(
+            'img.ti-frame')).every(i => i.complete && i.naturalWidth > 0)""")
+        return page.evaluate(FRAMES_JS)
+
+
+def shown_px(frame: dict) -> float:
+    font = OLD_FONT_PX if frame["font"] is None else frame["font"]
+    return font * frame["shown"] / frame["natural"]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_explorer_text_reads_at_body_size_and_on_a_phone(site, browser,
+                                                         chapter):
+    url = f"{site.url}/book/{chapter}.html"
+    desktop = frames_at(browser, url, 1280, 900)
+    if not desktop["frames"]:
+        pytest.skip("no explorer on this page")
+    phone = frames_at(browser, url, 390, 844)
+    problems = []
+    for f in desktop["frames"]:
+        if f["clipped"]:
+            problems.append(f"{f['key']}: text cut off at the frame's edge: "
+                            f"{f['clipped']}")
+        if shown_px(f) < desktop["body"] - 0.05:
+            problems.append(
+                f"1280 px: {f['key']} text {shown_px(f):.1f} px < body "
+                f"{desktop['body']:.1f} px (frame {f['natural']} px shown "
+                f"at {f['shown']:.0f} px)")
+    for f in phone["frames"]:
+        if f["right"] > phone["inner"] + 0.5:
+            problems.append(f"390 px: {f['key']} overflows: right edge at "
+                            f"{f['right']:.0f} px")
+        if shown_px(f) < PHONE_MIN_PX - 0.05:
+            problems.append(
+                f"390 px: {f['key']} text {shown_px(f):.1f} px < "
+                f"{PHONE_MIN_PX} px (frame {f['natural']} px shown at "
+                f"{f['shown']:.0f} px)")
+    assert not problems, "\n".join(problems)
