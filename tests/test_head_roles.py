@@ -164,3 +164,29 @@ def test_open_delimiters_by_hand():
 def test_bad_input_is_a_value_error(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_committed_char_model_has_no_induction_heads():
+    """Chapter 5's claim about the shipped character model: a random string
+    written twice is no easier the second time, and no head attends to the
+    induction target more than a uniform head. (If the checkpoint is ever
+    retrained long enough to grow induction heads, this fails and the
+    chapter's prose must change with it.)"""
+    import torch.nn.functional as F
+    from course_lib.char_lm import load_char_lm
+    from course_lib.interpret import attention_maps
+    lm, vocab = load_char_lm()
+    L = 60
+    g = torch.Generator().manual_seed(0)
+    letters = vocab.encode("abcdefghijklmnopqrstuvwxyz")
+    half = letters[torch.randint(0, 26, (8, L), generator=g)]
+    rep = torch.cat([half, half], dim=1)                       # (8, 2L)
+    maps, logits = attention_maps(lm, rep, return_logits=True)
+    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), rep[:, 1:],
+                          reduction="none")
+    assert nll[:, L:].mean() > nll[:, :L - 1].mean() - 0.1
+    t = torch.arange(2 * L)
+    target = torch.where(t >= L, t - L + 1, -1).expand(8, -1)
+    uniform = HR.target_weight(HR.uniform_weights(8, 1, 2 * L), target)
+    for m in maps:                                             # each layer
+        assert (HR.target_weight(m, target) < 2 * uniform).all()
