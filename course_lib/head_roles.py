@@ -19,6 +19,9 @@ suggests a role; a number confirms it. Two kinds of measurement:
    weight at each distance but ignores what the keys hold: the baselines
    a role must beat.
 
+:func:`repeated_windows` makes real text that repeats (the induction
+task of chapter 5 on characters), to see which heads such data grows.
+
 :func:`head_disagreement` says whether two heads of a layer read the same
 keys for the same query (total-variation distance of their rows).
 
@@ -34,7 +37,7 @@ from .validation import check_int, check_type
 
 __all__ = ["offset_profile", "target_weight", "uniform_weights",
            "word_starts", "open_delimiters", "head_disagreement",
-           "distance_baseline"]
+           "distance_baseline", "repeated_windows"]
 
 _OPEN, _CLOSE = "([{", ")]}"
 _QUOTES = "\"'"
@@ -247,3 +250,52 @@ def distance_baseline(weights: torch.Tensor, targets: torch.Tensor
     valid = targets >= 0                            # (B, T)
     dist = (torch.arange(T)[None, :] - targets)[valid]   # (Q,)
     return prof[:, dist].mean(dim=1)                # (H,)
+
+
+def repeated_windows(ids: torch.Tensor, *, batch_size: int, length: int,
+                     min_period: int, max_period: int, seed: int = 0):
+    r"""Endless batches of real text that repeats: the induction task on
+    characters.
+
+    Each row draws a period $n \in [\text{min}, \text{max}]$ and a window
+    $w = x_s, \dots, x_{s+n-1}$ of ``ids``, and writes it again and again:
+    row position $j$ holds $x_{s + (j \bmod n)}$. After the first $n$
+    characters every next character is the one that followed the previous
+    occurrence of the current position in the window, which is what an
+    induction head predicts; before that the text is ordinary text.
+
+    Args:
+        ids: ``(N,)`` long, ``N > max_period``.
+        batch_size: B. length: T. min_period, max_period: range of $n$.
+        seed: seed of the ``torch.Generator`` (same stream every run).
+
+    Yields:
+        ``(inputs, targets)``, both ``(B, T)`` long; targets are the
+        inputs shifted by one (every position counts).
+
+    Introduced in chapter 5.
+    """
+    check_type("ids", ids, torch.Tensor, "a torch.Tensor")
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("length", length, minimum=1)
+    check_int("min_period", min_period, minimum=1)
+    check_int("max_period", max_period, minimum=min_period)
+    check_int("seed", seed, minimum=0)
+    if ids.dim() != 1 or ids.dtype != torch.long or \
+            ids.numel() <= max_period:
+        raise ValueError(f"ids must be a 1-d long tensor longer than "
+                         f"max_period={max_period}, got {ids.dim()}-d "
+                         f"{ids.dtype} of {ids.numel()}")
+    return _repeats(ids, batch_size, length, min_period, max_period, seed)
+
+
+def _repeats(ids, batch_size, length, min_period, max_period, seed):
+    gen = torch.Generator().manual_seed(seed)
+    j = torch.arange(length + 1)                              # (T + 1,)
+    while True:
+        n = torch.randint(min_period, max_period + 1, (batch_size, 1),
+                          generator=gen)                      # (B, 1)
+        s = torch.randint(0, ids.numel() - max_period, (batch_size, 1),
+                          generator=gen)                      # (B, 1)
+        rows = ids[s + j % n]                                 # (B, T + 1)
+        yield rows[:, :-1], rows[:, 1:]

@@ -190,3 +190,33 @@ def test_committed_char_model_has_no_induction_heads():
     uniform = HR.target_weight(HR.uniform_weights(8, 1, 2 * L), target)
     for m in maps:                                             # each layer
         assert (HR.target_weight(m, target) < 2 * uniform).all()
+
+
+def test_repeated_windows_are_periodic_slices_of_the_text():
+    ids = torch.arange(100, 400)                  # id = 100 + position
+    batches = HR.repeated_windows(ids, batch_size=16, length=30,
+                                  min_period=4, max_period=9, seed=3)
+    periods = set()
+    for _ in range(3):
+        x, y = next(batches)
+        assert x.shape == y.shape == (16, 30)
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        for row, tgt in zip(x.tolist(), y.tolist()):
+            full = row + [tgt[-1]]
+            # the period: smallest n with full[j] == full[j - n] for all j
+            n = next(n for n in range(1, 31)
+                     if all(full[j] == full[j - n] for j in range(n, 31)))
+            assert 4 <= n <= 9
+            periods.add(n)
+            # the first n ids are consecutive positions of the text
+            assert full[:n] == list(range(full[0], full[0] + n))
+    assert len(periods) > 1                       # the period varies
+
+
+def test_repeated_windows_rejects_bad_input():
+    with pytest.raises(ValueError):
+        HR.repeated_windows(torch.arange(5), batch_size=2, length=8,
+                            min_period=2, max_period=6)
+    with pytest.raises(ValueError):
+        HR.repeated_windows(torch.arange(50), batch_size=2, length=8,
+                            min_period=5, max_period=3)
