@@ -39,6 +39,9 @@ Part II, attention
 - ``mha``: multi-head attention with GQA/MQA and a position hook for RoPE
   (chapter 5)
 - ``head_analysis``: a small model whose heads can be read (chapter 5)
+- ``head_circuits``: the QK and OV circuits of a head (chapter 5)
+- ``head_roles``: role scores of heads on real text, with baselines
+  (chapter 5)
 
 Part III, the model
 - ``layers``: FFN, SwiGLU, LayerNorm/RMSNorm, parameter counts (chapter 6)

@@ -1,0 +1,67 @@
+"""head_circuits: the circuit form against the layer itself (batched MHA)
+and against a hand computation with the per-head weight slices."""
+import math
+
+import pytest
+import torch
+
+from course_lib import head_circuits as HC
+from course_lib.masking import causal_mask
+from course_lib.mha import MultiHeadAttention
+from course_lib.positional import RotaryEmbedding
+
+
+@pytest.mark.parametrize("n_kv_heads,bias", [(None, True), (None, False),
+                                             (2, True), (1, True)])
+def test_sum_of_circuit_outputs_is_the_layer(n_kv_heads, bias):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, n_kv_heads=n_kv_heads, bias=bias)
+    x = torch.randn(2, 5, 16)
+    for mask in (None, causal_mask(5)):
+        out = sum(HC.circuit_output(mha, x, i, mask)[0] for i in range(4))
+        if bias:
+            out = out + mha.o_proj.bias
+        ref, w = mha(x, mask=mask, return_weights=True)
+        assert torch.allclose(out, ref, atol=1e-5)
+        for i in range(4):
+            assert torch.allclose(HC.circuit_output(mha, x, i, mask)[1],
+                                  w[:, i], atol=1e-6)
+
+
+def test_circuits_equal_hand_computation():
+    torch.manual_seed(1)
+    D, H = 8, 2
+    mha = MultiHeadAttention(D, H)
+    d = D // H
+    x_t, x_j = torch.randn(D), torch.randn(D)
+    for i in range(H):
+        rows = slice(i * d, (i + 1) * d)
+        q = mha.q_proj.weight[rows] @ x_t + mha.q_proj.bias[rows]
+        k = mha.k_proj.weight[rows] @ x_j + mha.k_proj.bias[rows]
+        v = mha.v_proj.weight[rows] @ x_j + mha.v_proj.bias[rows]
+        score = (q @ k / math.sqrt(d)).item()
+        write = mha.o_proj.weight[:, rows] @ v               # (D,)
+        x1_t, x1_j = torch.cat([x_t, torch.ones(1)]), \
+            torch.cat([x_j, torch.ones(1)])
+        qk, ov = HC.qk_circuit(mha, i), HC.ov_circuit(mha, i)
+        assert qk.shape == (D + 1, D + 1) and ov.shape == (D + 1, D)
+        assert (x1_t @ qk @ x1_j).item() == pytest.approx(score, abs=1e-5)
+        assert torch.allclose(x1_j @ ov, write, atol=1e-5)
+
+
+def test_ranks_are_at_most_head_width():
+    torch.manual_seed(2)
+    mha = MultiHeadAttention(32, 8)
+    assert torch.linalg.matrix_rank(HC.qk_circuit(mha, 3)).item() == 4
+    assert torch.linalg.matrix_rank(HC.ov_circuit(mha, 3)).item() == 4
+
+
+def test_bad_input():
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match="head"):
+        HC.qk_circuit(mha, 2)
+    with pytest.raises(ValueError, match="x must"):
+        HC.circuit_output(mha, torch.randn(2, 3, 4), 0)
+    rope = MultiHeadAttention(8, 2, rope=RotaryEmbedding(4))
+    with pytest.raises(ValueError, match="RoPE"):
+        HC.ov_circuit(rope, 0)
