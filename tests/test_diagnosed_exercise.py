@@ -1,11 +1,11 @@
 """Write-a-function exercises that name the usual mistakes: the class
-(:mod:`course_lib.diagnosed_exercise`) and chapter 7's exercise (bits per
-token from logits), read from the notebook as
+(:mod:`course_lib.diagnosed_exercise`) and the exercises of chapters 6
+(RMSNorm) and 7 (bits per token from logits), read from the notebooks as
 ``tests/test_chapter_exercises.py`` reads chapter 11's.
 
 For each chapter exercise: (1) the reference agrees with an independent
-computation (a loop over the targets with Python's ``math``); (2) the
-model solution passes; (3) each usual mistake, written
+computation (torch's ``rms_norm``, a loop over the targets with Python's
+``math``); (2) the model solution passes; (3) each usual mistake, written
 as a learner would write it, fails with its own hint; (4) code that
 raises, returns junk or the wrong shape gets feedback, never a traceback.
 """
@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course_lib import layers as Ly
 from course_lib import special_tokens as ST
 from course_lib.diagnosed_exercise import DiagnosedFunctionExercise
 
@@ -194,4 +195,85 @@ def test_bits_broken_code_gets_feedback(bits, body, needle):
     _, ex, _ = bits
     ex.time_limit = 0.5
     code = f"import torch\ndef bits_per_token(logits, targets):\n    {body}\n"
+    assert_feedback(ex.check(code), needle)
+
+
+# --------------------------------------------------- chapter 6: RMSNorm
+@pytest.fixture(scope="module")
+def rms():
+    return load_exercise("ch06_transformer_block.ipynb", "ch06-rms-norm",
+                         {"Ly": Ly})
+
+
+def test_rms_reference_equals_torch(rms):
+    ns, ex, _ = rms
+    assert len(ex.cases) >= 5
+    dtypes = set()
+    for (x, w, eps), _ in ex.cases:
+        dtypes.add(x.dtype)
+        got = ns["rms_norm"](x, w, eps)
+        assert got.dtype == x.dtype
+        # torch's rms_norm on float32, cast back: the float32 upcast
+        want = F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps)
+        torch.testing.assert_close(got.float(), want.to(x.dtype).float(),
+                                   rtol=1e-2 if x.dtype != torch.float32
+                                   else 1e-6, atol=1e-3)
+    assert {torch.float32, torch.float16, torch.bfloat16} <= dtypes
+    # the float16 case really overflows without the upcast
+    assert any(x.dtype == torch.float16 and
+               torch.isinf(x.pow(2)).any() for (x, _, _), _ in ex.cases)
+    assert any((x == 0).all(-1).any() for (x, _, _), _ in ex.cases)
+
+
+def test_rms_solution_passes(rms):
+    _, ex, solution = rms
+    assert ex.check(solution).correct
+
+
+RMS_MISTAKES = [
+    ("xf.pow(2).mean(-1, keepdim=True)", "xf.mean(-1, keepdim=True)",
+     "mean of the squares"),
+    ("xf.pow(2).mean(-1, keepdim=True) + eps",
+     "xf.pow(2).mean(-1, keepdim=True)", "nan"),
+    ("xf.pow(2).mean(-1, keepdim=True)", "xf.pow(2).sum(-1, keepdim=True)",
+     "sum"),
+    ("xf.pow(2).mean(-1, keepdim=True)", "xf.pow(2).mean(0, keepdim=True)",
+     "last axis"),
+    ("xf.pow(2).mean(-1, keepdim=True)", "xf.pow(2).mean(-2, keepdim=True)",
+     "last axis"),
+    (".to(x.dtype) * weight", ".to(x.dtype)", "gain"),
+    ("xf = x.float()", "xf = x", "float32"),
+    ("(xf * inv_rms).to(x.dtype) * weight", "xf * inv_rms * weight",
+     "cast"),
+]
+
+
+@pytest.mark.parametrize("old,new,hint", RMS_MISTAKES)
+def test_rms_usual_mistakes_get_their_hint(rms, old, new, hint):
+    _, ex, solution = rms
+    assert old in solution
+    assert_feedback(ex.check(solution.replace(old, new)), "Case",
+                    "Likely mistake", hint)
+
+
+def test_rms_layernorm_gets_its_hint(rms):
+    _, ex, _ = rms
+    wrong = ("import torch\n"
+             "def rms_norm(x, weight, eps):\n"
+             "    xf = x.float()\n"
+             "    xc = xf - xf.mean(-1, keepdim=True)\n"
+             "    y = xc / torch.sqrt(xc.pow(2).mean(-1, keepdim=True) + eps)\n"
+             "    return y.to(x.dtype) * weight\n")
+    assert_feedback(ex.check(wrong), "Likely mistake", "LayerNorm")
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("raise ValueError('no')", "raised ValueError: no"),
+    ("return 3.0", "expected a Tensor"),
+    ("return x[..., :1]", "expected shape"),
+    ("return x.sum(-1)", "expected shape"),
+])
+def test_rms_broken_code_gets_feedback(rms, body, needle):
+    _, ex, _ = rms
+    code = f"import torch\ndef rms_norm(x, weight, eps):\n    {body}\n"
     assert_feedback(ex.check(code), needle)
