@@ -695,3 +695,11 @@ def test_layer_cache_update_needs_tensors_with_a_time_axis():
             c.update(*bad)
     c.update(torch.zeros(2, 1))                   # 2-D (B, S) is enough
     assert len(c) == 2 and c.batch_size == 2
+
+
+def test_check_next_rejects_overflow_before_anything_is_computed():
+    for cache in (KVCache(2, max_len=5), LayerKVCache(max_len=5)):
+        cache.check_next(torch.arange(5))              # exactly fills it
+        with pytest.raises(ValueError, match=r"^cache overflow: 0 cached \+ "
+                           r"6 new positions exceeds max_len=5$"):
+            cache.check_next(torch.arange(6))
