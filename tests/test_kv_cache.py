@@ -703,3 +703,17 @@ def test_check_next_rejects_overflow_before_anything_is_computed():
         with pytest.raises(ValueError, match=r"^cache overflow: 0 cached \+ "
                            r"6 new positions exceeds max_len=5$"):
             cache.check_next(torch.arange(6))
+
+
+def test_model_cache_layers_share_its_limit_and_messages():
+    cache = KVCache(3, max_len=4)
+    assert [layer.max_len for layer in cache.layers] == [4, 4, 4]
+    with pytest.raises(ValueError, match="exceeds max_len=4"):
+        cache[2].update(torch.zeros(1, 5, 2))      # each layer enforces it
+    with pytest.raises(ValueError, match=r"^n_layers must be >= 1, got 0$"):
+        KVCache(0)
+    layer = LayerKVCache()
+    layer.update(torch.zeros(2, 1, 3))
+    with pytest.raises(ValueError, match=r"^batch size 3 does not match the "
+                       r"cache's batch size 2$"):
+        layer.update(torch.zeros(3, 1, 3))
