@@ -440,3 +440,88 @@ def test_profile_fused_attention_finds_kernel_and_small_memory(capfd):
     assert "profiler_start" not in capfd.readouterr().err  # silenced
     with pytest.raises(ValueError, match="length"):
         A.profile_fused_attention(0)
+
+
+# ------------------------------------ mutation testing (benchmarks/mutation.md)
+# Tests added because a mutant of course_lib.score_scaling survived the
+# ones above.
+def _saturation_by_hand(d_k, n_keys, n_rows, d_v, scaled, seed):
+    """saturation_stats' statistics row by row: softmax, entropy from its
+    definition, J = diag(p) - p p^T as an explicit outer product, and
+    dL/dq by autograd (not through J)."""
+    g_ = torch.Generator().manual_seed(seed)
+    kw = dict(generator=g_, dtype=torch.float64)
+    q = torch.randn(n_rows, 1, d_k, **kw)
+    k = torch.randn(n_rows, n_keys, d_k, **kw)
+    v = torch.randn(n_rows, n_keys, d_v, **kw)
+    g = torch.randn(n_rows, d_v, 1, **kw)
+    c = 1 / math.sqrt(d_k) if scaled else 1.0
+    tops, ents, jacs, grads = [], [], [], []
+    for r in range(n_rows):
+        qr = q[r, 0].clone().requires_grad_(True)
+        s = c * (k[r] @ qr)                                   # (n,)
+        p = torch.exp(s - s.max()) / torch.exp(s - s.max()).sum()
+        out = p @ v[r]                                        # (d_v,)
+        (gq,) = torch.autograd.grad(out @ g[r, :, 0], qr)
+        p = p.detach()
+        tops.append(p.max())
+        ents.append(-(p * p.log()).sum())
+        jacs.append((torch.diag(p) - torch.outer(p, p)).norm())
+        grads.append(gq.norm())
+    tops, grads = torch.stack(tops), torch.stack(grads)
+    return dict(max_weight=tops.mean().item(),
+                saturated=(tops > 0.99).double().mean().item(),
+                entropy=torch.stack(ents).mean().item(),
+                jacobian_norm=torch.stack(jacs).median().item(),
+                grad_norm=grads.median().item(),
+                grad_mean=grads.mean().item(),
+                grad_p99=torch.quantile(grads, 0.99).item(),
+                grad_max=grads.max().item())
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_saturation_stats_equal_row_by_row_by_hand(scaled):
+    st = A.saturation_stats(9, n_keys=5, n_rows=40, d_v=3, scaled=scaled,
+                            generator=torch.Generator().manual_seed(2))
+    ref = _saturation_by_hand(9, 5, 40, 3, scaled, seed=2)
+    assert st.d_k == 9
+    for name, value in ref.items():
+        assert getattr(st, name) == pytest.approx(value, rel=1e-9, abs=1e-12)
+
+
+def test_saturation_stats_defaults_and_smallest_arguments():
+    # defaults: 16 keys, 500 rows, d_v 16, scaled
+    st = A.saturation_stats(4, generator=torch.Generator().manual_seed(0))
+    ref = _saturation_by_hand(4, 16, 500, 16, True, seed=0)
+    assert st.entropy == pytest.approx(ref["entropy"], rel=1e-9)
+    assert st.grad_max == pytest.approx(ref["grad_max"], rel=1e-9)
+    A.saturation_stats(1, n_keys=2, n_rows=1, d_v=1)          # all allowed
+    for name, low in (("d_k", 1), ("n_keys", 2), ("n_rows", 1), ("d_v", 1)):
+        kw = dict(d_k=4)
+        kw[name] = low - 1
+        with pytest.raises(ValueError, match=rf"^{name} must be >= {low}, "
+                           rf"got {low - 1}$"):
+            A.saturation_stats(**kw)
+
+
+def test_score_variance_mc_defaults_generator_and_checks():
+    # default sigmas 1: Var(q . k) = d_k (Monte Carlo, 40,000 pairs: about
+    # 1 % standard error, so 5 % is 5 sigma)
+    var = A.score_variance_mc(8, 40_000,
+                              generator=torch.Generator().manual_seed(0))
+    assert var == pytest.approx(8, rel=0.05)
+    # the generator makes it reproducible, whatever the global RNG does
+    a = A.score_variance_mc(3, 50, generator=torch.Generator().manual_seed(5))
+    torch.randn(7)
+    b = A.score_variance_mc(3, 50, generator=torch.Generator().manual_seed(5))
+    assert a == b
+    A.score_variance_mc(1, 2)                          # smallest arguments
+    with pytest.raises(ValueError, match=r"^n_samples must be >= 2, got 1$"):
+        A.score_variance_mc(3, 1)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=r"^sigma_k must be > 0"):
+            A.score_variance_mc(3, 10, sigma_k=bad)
+    with pytest.raises(ValueError, match=r"^sigma_k must be a real number"):
+        A.score_variance_mc(3, 10, sigma_k="1")
+    with pytest.raises(ValueError, match=r"^z must be a floating tensor"):
+        A.softmax_jacobian([1.0, 2.0])

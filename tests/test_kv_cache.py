@@ -501,3 +501,219 @@ def test_generate_rejects_bad_settings_before_touching_the_cache(bad):
         assert cache.seq_len == 0
         with pytest.raises(ValueError, match=next(iter(bad))):
             sampling.generate(lm, prompt, n, **bad)
+
+
+# ============================== mutation testing (benchmarks/mutation.md)
+# Tests added because a mutant of course_lib.kv_cache or course_lib.decoding
+# survived the ones above.
+def test_layer_cache_crop_by_hand():
+    k = torch.arange(2 * 1 * 4 * 3.0).reshape(2, 1, 4, 3)    # (B, G, S, d)
+    v = -k
+    c = LayerKVCache()
+    c.update(k, v)
+    c.crop(4)                                   # n = len: keeps everything
+    assert len(c) == 4 and torch.equal(c.tensors[0], k)
+    c.crop(2)
+    assert len(c) == 2
+    assert torch.equal(c.tensors[0], k[:, :, :2])
+    assert torch.equal(c.tensors[1], v[:, :, :2])
+    c.crop(0)                                   # n = 0 empties the cache
+    assert c.tensors == () and len(c) == 0 and c.batch_size is None
+    c.update(torch.zeros(3, 1, 1, 3), torch.zeros(3, 1, 1, 3))  # new batch
+    assert c.batch_size == 3
+    with pytest.raises(ValueError, match=r"^n must be >= 0, got -1$"):
+        c.crop(-1)
+    with pytest.raises(ValueError, match=r"^n must be <= the 1 cached "
+                       r"positions, got 2$"):
+        c.crop(2)
+
+
+def test_model_cache_crop_and_fork_keep_lengths_and_limit():
+    lm = tiny_lm()
+    cache = KVCache(2, max_len=12)
+    lm(torch.randint(23, (1, 10)), cache=cache)
+    other = cache.fork()
+    assert other.max_len == 12 and [len(x) for x in other.layers] == [10, 10]
+    with pytest.raises(ValueError, match="exceeds max_len=12"):
+        lm(torch.randint(23, (1, 3)), cache=other)         # 13 > 12
+    cache.crop(6)
+    assert cache.seq_len == 6 and [len(x) for x in cache.layers] == [6, 6]
+
+
+class IdClock(torch.nn.Module):
+    """A stand-in language model for decode_throughput: records the ids of
+    every call, advances the fake clock by 1 s per token read, and returns
+    logits whose largest entry is id 3 (greedy decoding always picks 3,
+    sampling at temperature 1 picks it only about one time in five)."""
+
+    def __init__(self, clock, vocab_size=11, max_len=64):
+        super().__init__()
+        self.config = SimpleNamespace(vocab_size=vocab_size, n_layers=1,
+                                      max_len=max_len)
+        self.clock, self.ids = clock, []
+
+    def forward(self, idx, cache=None):
+        self.ids.append(idx.clone())
+        self.clock.advance(float(idx.numel() / idx.shape[0]))
+        logits = torch.zeros(*idx.shape, self.config.vocab_size)
+        logits[..., 3] = 1.0
+        return logits
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_decode_throughput_defaults_prompt_and_greedy(fake_clock, seed):
+    torch.manual_seed(0)
+    rec = IdClock(fake_clock)
+    kw = {} if seed is None else {"seed": seed}
+    rate = decoding.decode_throughput(rec, prompt_len=5, new_tokens=6,
+                                      use_cache=True, **kw)
+    # default repeats = 1, batch_size = 1: a warm-up of 4 tokens and one
+    # timed run of 6 (prefill 5 tokens + 5 one-token steps = 10 s)
+    assert [tuple(i.shape) for i in rec.ids] == (
+        [(1, 5)] + [(1, 1)] * 3 + [(1, 5)] + [(1, 1)] * 5)
+    assert rate == 1 * 6 / 10
+    # the prompt: seeded random ids, the default seed 0
+    expected = torch.randint(11, (1, 5), generator=torch.Generator()
+                             .manual_seed(0 if seed is None else seed))
+    assert torch.equal(rec.ids[0], expected)
+    assert torch.equal(rec.ids[4], expected)
+    # greedy: every token fed back is the argmax, 3
+    assert all(i.tolist() == [[3]] for i in rec.ids if i.shape[1] == 1)
+
+
+def test_decode_throughput_bad_input_messages():
+    rec = IdClock(None)
+    for name in ("prompt_len", "new_tokens", "repeats", "batch_size"):
+        kw = dict(prompt_len=2, new_tokens=2, repeats=1, batch_size=1)
+        kw[name] = 0
+        with pytest.raises(ValueError, match=rf"^{name} must be >= 1, got 0$"):
+            decoding.decode_throughput(rec, use_cache=True, **kw)
+
+
+def test_forward_cost_default_has_nothing_cached():
+    cfg = DecoderLMConfig(vocab_size=10, d_model=16, n_heads=4, n_kv_heads=2,
+                          n_layers=3, d_ff=32, ffn="gelu",
+                          tie_embeddings=True)
+    cost = decoding.forward_cost(cfg, new_tokens=4)
+    # KV of the 4 new tokens only: 2 G d_h l values per token, 2 bytes each
+    assert cost["kv_bytes"] == 4 * (2 * 2 * 4 * 3) * 2
+    # S = T = 4: scores and weighted sum cost 4 T S H d_h per layer
+    proj = 2 * 16 * 4 * 4 + 2 * 16 * 2 * 4 + 2 * 16 * 32   # Q,O + K,V + FFN
+    assert cost["flops"] == 3 * (2 * 4 * proj + 4 * 4 * 4 * 16) \
+        + 2 * 4 * 16 * 10
+
+
+def test_forward_cost_keys_and_exact_integers():
+    cfg = DecoderLMConfig(vocab_size=10, d_model=16, n_heads=4, n_layers=2)
+    cost = decoding.forward_cost(cfg, new_tokens=3, cached_tokens=5)
+    assert cost["bytes"] == cost["weight_bytes"] + cost["kv_bytes"]
+    assert cost["intensity"] == cost["flops"] / cost["bytes"]
+    # counts of multiply-adds are exact integers (no float rounding)
+    assert all(isinstance(cost[k], int)
+               for k in ("flops", "weight_bytes", "kv_bytes", "bytes"))
+    with pytest.raises(ValueError, match=r"^cached_tokens must be >= 0, got "
+                       r"-1$"):
+        decoding.forward_cost(cfg, new_tokens=1, cached_tokens=-1)
+    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0$"):
+        decoding.forward_cost(cfg, new_tokens=1, batch_size=0)
+
+
+def test_model_config_message_names_the_model():
+    with pytest.raises(ValueError, match=r"^model must have a config with "
+                       r"n_layers and max_len \(e\.g\. a DecoderLM\) to use a "
+                       r"cache, got Identity$"):
+        generate(torch.nn.Identity(), torch.tensor([1, 2]), 2)
+
+
+def test_check_next_rejects_what_is_not_a_1d_tensor():
+    c = LayerKVCache()
+    with pytest.raises(ValueError, match=r"^positions must be a 1-D tensor "
+                       r"\(T,\), got torch.Size\(\[1, 2\]\)$"):
+        c.check_next(torch.tensor([[0, 1]]))
+    with pytest.raises(ValueError, match=r"^positions must be a 1-D tensor "
+                       r"\(T,\), got \[0, 1\]$"):
+        c.check_next([0, 1])
+    c.check_next(torch.tensor([0, 1]))              # continues an empty cache
+
+
+def test_check_next_message_shows_at_most_8_positions():
+    c = LayerKVCache()
+    with pytest.raises(ValueError, match=r"got \[1, 2, 3, 4, 5, 6, 7, 8\]$"):
+        c.check_next(torch.arange(1, 9))                  # 8: all shown
+    with pytest.raises(ValueError, match=r"^positions must continue the "
+                       r"cache, i\.e\. start at 0 and increase by 1, got "
+                       r"\[1, 2, 3, 4, 5, 6, 7, 8, '\.\.\.'\]$"):
+        c.check_next(torch.arange(1, 10))                 # 9: cut after 8
+
+
+def test_check_next_compares_on_the_positions_device(monkeypatch):
+    # Only a CPU here: a spy checks that the expected run 0, 1, ... is
+    # built on the device of the positions (else a GPU run would fail).
+    import course_lib.kv_cache as kvc
+    asked = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def arange(self, *args, **kw):
+            asked.append(kw.get("device", "missing"))
+            return torch.arange(*args, **kw)
+
+    monkeypatch.setattr(kvc, "torch", Spy())
+    positions = torch.arange(2)
+    LayerKVCache().check_next(positions)
+    assert asked == [positions.device]
+
+
+def test_layer_cache_empty_single_tensor_and_max_len():
+    c = LayerKVCache()
+    assert c.tensors == () and len(c) == 0 and c.nbytes() == 0
+    c.update(torch.zeros(2, 5, 3))                # one tensor, e.g. a latent
+    assert len(c) == 5 and c.batch_size == 2
+    one = LayerKVCache(max_len=1)                 # the smallest limit
+    one.update(torch.zeros(1, 1, 4))
+    assert len(one) == 1
+    with pytest.raises(ValueError, match=r"^max_len must be >= 1, got 0$"):
+        LayerKVCache(max_len=0)
+
+
+def test_kv_values_per_token_floors_the_head_width():
+    # Hugging Face's rule when head_dim is unset: hidden_size // heads
+    odd = SimpleNamespace(num_hidden_layers=3, hidden_size=10,
+                          num_attention_heads=4, num_key_value_heads=4)
+    n = kv_values_per_token(odd)
+    assert n == 2 * 4 * 2 * 3 and isinstance(n, int)
+
+
+def test_layer_cache_update_needs_tensors_with_a_time_axis():
+    c = LayerKVCache()
+    msg = r"^update needs one or more tensors with a time axis at dim -2$"
+    for bad in ((), ([[0.0]],), (torch.zeros(3),), (torch.zeros(1, 2),
+                                                   torch.zeros(4))):
+        with pytest.raises(ValueError, match=msg):
+            c.update(*bad)
+    c.update(torch.zeros(2, 1))                   # 2-D (B, S) is enough
+    assert len(c) == 2 and c.batch_size == 2
+
+
+def test_check_next_rejects_overflow_before_anything_is_computed():
+    for cache in (KVCache(2, max_len=5), LayerKVCache(max_len=5)):
+        cache.check_next(torch.arange(5))              # exactly fills it
+        with pytest.raises(ValueError, match=r"^cache overflow: 0 cached \+ "
+                           r"6 new positions exceeds max_len=5$"):
+            cache.check_next(torch.arange(6))
+
+
+def test_model_cache_layers_share_its_limit_and_messages():
+    cache = KVCache(3, max_len=4)
+    assert [layer.max_len for layer in cache.layers] == [4, 4, 4]
+    with pytest.raises(ValueError, match="exceeds max_len=4"):
+        cache[2].update(torch.zeros(1, 5, 2))      # each layer enforces it
+    with pytest.raises(ValueError, match=r"^n_layers must be >= 1, got 0$"):
+        KVCache(0)
+    layer = LayerKVCache()
+    layer.update(torch.zeros(2, 1, 3))
+    with pytest.raises(ValueError, match=r"^batch size 3 does not match the "
+                       r"cache's batch size 2$"):
+        layer.update(torch.zeros(3, 1, 3))

@@ -72,3 +72,102 @@ def test_update_bias_bad_input():
         update_bias(torch.zeros(3), torch.zeros(3), gamma=-1.0)
     with pytest.raises(ValueError, match=r"load must have shape \(3,\)"):
         update_bias(torch.zeros(3), torch.zeros(4), gamma=0.1)
+
+
+# ------------------------------------ mutation testing (benchmarks/mutation.md)
+# Tests added because a mutant of course_lib.load_balancing survived the
+# ones above.
+def test_expert_load_edges_and_messages():
+    # the highest expert id, E - 1, is valid; leading dims are flattened
+    idx = torch.tensor([[[2], [2]], [[0], [2]]])               # (2, 2, 1)
+    assert expert_load(idx, 3).tolist() == [1, 0, 3]
+    assert expert_load(torch.zeros(0, 2, dtype=torch.long), 1).tolist() \
+        == [0]                                   # no tokens, E = 1 allowed
+    with pytest.raises(ValueError, match=r"^indices must lie in \[0, 3\), got "
+                       r"values in \[-1, 2\]$"):
+        expert_load(torch.tensor([[2], [-1]]), 3)
+    with pytest.raises(ValueError, match=r"^indices must be a long tensor, got "
+                       r"\[0, 1\]$"):
+        expert_load([0, 1], 3)
+    with pytest.raises(ValueError, match=r"^n_experts must be >= 1, got 0$"):
+        expert_load(torch.tensor([0]), 0)
+
+
+def test_load_balancing_loss_no_tokens_one_expert_and_messages():
+    z = load_balancing_loss(torch.zeros(0, 3), torch.zeros(0, 2,
+                                                           dtype=torch.long), 3)
+    assert z.shape == () and z.item() == 0.0
+    zb = load_balancing_loss(torch.zeros(2, 0, 3),
+                             torch.zeros(2, 0, 1, dtype=torch.long), 3)
+    assert zb.shape == () and zb.item() == 0.0
+    # E = 1: every slot on the only expert, probability 1: loss 1 * 1 * 1
+    one = load_balancing_loss(torch.ones(4, 1), torch.zeros(4, 1,
+                                                            dtype=torch.long), 1)
+    assert one.item() == 1.0
+    with pytest.raises(ValueError, match=r"^probs must have shape \(N, 3\) or "
+                       r"\(B, T, 3\), got \(2, 3, 4, 3\)$"):
+        load_balancing_loss(torch.rand(2, 3, 4, 3),
+                            torch.zeros(2, 3, 4, 1, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match=r"^probs must have shape \(N, 3\) or "
+                       r"\(B, T, 3\), got \(4,\)$"):
+        load_balancing_loss(torch.rand(4), torch.zeros(4, 1,
+                                                       dtype=torch.long), 3)
+    with pytest.raises(ValueError, match=r"^probs must have shape .* got "
+                       r"'p'$"):
+        load_balancing_loss("p", torch.zeros(4, 1, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match=r"^indices must be a long tensor of "
+                       r"shape \(2, 4\) \+ \(k,\), got \(2, 5, 1\)$"):
+        load_balancing_loss(torch.rand(2, 4, 3),
+                            torch.zeros(2, 5, 1, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match=r"^indices must be a long tensor of "
+                       r"shape \(4,\) \+ \(k,\), got \(4, 1\)$"):
+        load_balancing_loss(torch.rand(4, 3), torch.zeros(4, 1), 3)
+    with pytest.raises(ValueError, match=r"^indices must be a long tensor of "
+                       r"shape \(4,\) \+ \(k,\), got 'i'$"):
+        load_balancing_loss(torch.rand(4, 3), "i", 3)
+    with pytest.raises(ValueError, match=r"^indices must lie in \[0, 3\)"):
+        load_balancing_loss(torch.rand(1, 3), torch.tensor([[3]]), 3)
+    with pytest.raises(ValueError, match=r"^n_experts must be >= 1, got 0$"):
+        load_balancing_loss(torch.rand(1, 3), torch.tensor([[0]]), 0)
+
+
+def test_load_balancing_loss_by_hand_per_sequence():
+    # (B, T, E) = (2, 2, 2), k = 1: E sum_i f_i P_i per sequence, then mean
+    probs = torch.tensor([[[0.9, 0.1], [0.8, 0.2]],
+                          [[0.5, 0.5], [0.3, 0.7]]], dtype=torch.float64)
+    idx = torch.tensor([[[0], [0]], [[0], [1]]])
+    seq0 = 2 * (1.0 * 0.85 + 0.0 * 0.15)
+    seq1 = 2 * (0.5 * 0.4 + 0.5 * 0.6)
+    loss = load_balancing_loss(probs, idx, 2)
+    assert loss.item() == pytest.approx((seq0 + seq1) / 2, abs=1e-12)
+
+
+def test_update_bias_gamma_zero_dtypes_and_messages():
+    b = torch.tensor([0.5, -0.5, 0.0], dtype=torch.float64)
+    load = torch.tensor([1, 7, 1])                      # long, mean 3
+    assert torch.equal(update_bias(b, load, gamma=0.0), b)
+    new = update_bias(b, load, gamma=0.25)
+    assert new.dtype == torch.float64
+    assert new.tolist() == [0.75, -0.75, 0.25]
+    # a load whose mean is not an integer: 1, 2 -> mean 1.5, not 1
+    assert update_bias(torch.zeros(2), torch.tensor([1, 2]),
+                       gamma=1.0).tolist() == [1.0, -1.0]
+    with pytest.raises(ValueError, match=r"^gamma must be a real number"):
+        update_bias(b, load, gamma="0.1")
+    with pytest.raises(ValueError, match=r"^bias must be a 1-D tensor \(E,\), "
+                       r"got tensor\(\[\[0\.\]\]\)$"):
+        update_bias(torch.zeros(1, 1), torch.zeros(1), gamma=0.1)
+    with pytest.raises(ValueError, match=r"^load must be a 1-D tensor \(E,\), "
+                       r"got \[1, 2\]$"):
+        update_bias(torch.zeros(2), [1, 2], gamma=0.1)
+    with pytest.raises(ValueError, match=r"^load must have shape \(3,\), got "
+                       r"\(4,\)$"):
+        update_bias(torch.zeros(3), torch.zeros(4), gamma=0.1)
+
+
+def test_load_balancing_loss_counts_every_expert_even_unchosen_ones():
+    # all slots on expert 0 of E = 3, probability spread: f = (1, 0, 0),
+    # P = (0.5, 0.3, 0.2), loss = 3 * 1 * 0.5
+    probs = torch.tensor([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]])
+    idx = torch.tensor([[0], [0]])
+    assert load_balancing_loss(probs, idx, 3).item() == pytest.approx(1.5)

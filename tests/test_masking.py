@@ -290,3 +290,243 @@ def test_draw_mask_bad_input():
     with pytest.raises(ValueError, match="weights must have shape"):
         M.draw_mask(ax, torch.ones(2, 2, dtype=torch.bool),
                     weights=torch.ones(2, 3))
+
+
+# ------------------------------------ mutation testing (benchmarks/mutation.md)
+# Tests added because a mutant of course_lib.masking survived the ones above.
+def test_masks_are_built_on_the_device_asked_for(monkeypatch):
+    # Only a CPU here, so a dropped device=... would not change any value:
+    # a spy on the tensor factories checks that each one is asked for the
+    # device the caller gave. (A "meta" device would show it without a
+    # spy, but its first comparison takes about 15 s to set up.)
+    asked = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def arange(self, *args, **kw):
+            asked.append(kw.get("device", "missing"))
+            return torch.arange(*args, **kw)
+
+        def tensor(self, *args, **kw):
+            asked.append(kw.get("device", "missing"))
+            return torch.tensor(*args, **kw)
+
+        def zeros(self, *args, **kw):
+            asked.append(kw.get("device", "missing"))
+            return torch.zeros(*args, **kw)
+
+    monkeypatch.setattr(M, "torch", Spy())
+    cpu = torch.device("cpu")
+    for build, n in ((lambda: M.causal_mask(3, 5, device=cpu), 2),
+                     (lambda: M.sliding_window_mask(3, 5, window=2,
+                                                    device=cpu), 4),
+                     (lambda: M.padding_mask([2, 3], 4, device=cpu), 2),
+                     (lambda: M.additive_mask(torch.ones(2, 2, dtype=bool)
+                                              .to(cpu)), 1)):
+        asked.clear()
+        assert build().device == cpu
+        assert asked == [cpu] * n
+
+
+def test_sliding_window_by_hand():
+    # i' = i + Lk - Lq; key j visible iff i' - w < j <= i'
+    for Lq, Lk, w in ((4, 4, 2), (2, 6, 3), (5, 3, 1), (3, 3, 5)):
+        expected = torch.tensor(
+            [[i + Lk - Lq - w < j <= i + Lk - Lq for j in range(Lk)]
+             for i in range(Lq)])
+        assert torch.equal(M.sliding_window_mask(Lq, Lk, window=w), expected)
+    with pytest.raises(ValueError, match="window must be >= 1, got 0"):
+        M.sliding_window_mask(3, window=0)
+
+
+def test_padding_mask_full_length_and_bad_lengths():
+    # a sequence may fill max_len exactly; one token more is rejected
+    assert M.padding_mask([4, 0], 4).tolist() == [[[True] * 4],
+                                                  [[False] * 4]]
+    assert M.padding_mask([1, 0], 1).tolist() == [[[True]], [[False]]]
+    with pytest.raises(ValueError, match=r"^max_len must be >= 1, got 0$"):
+        M.padding_mask([0], 0)
+    with pytest.raises(ValueError, match=r"^lengths must be <= max_len = 4,"
+                       r" got 5$"):
+        M.padding_mask([5, 1], 4)
+
+
+def test_combine_masks_none_and_bad_shapes():
+    c = M.causal_mask(3)
+    assert M.combine_masks(None, None) is None
+    assert M.combine_masks() is None
+    assert torch.equal(M.combine_masks(None, c, None), c)
+    p = M.padding_mask([2], 3)
+    assert torch.equal(M.combine_masks(c, p), c & p)
+    with pytest.raises(ValueError, match=r"^masks of shapes \[\(3, 3\), "
+                       r"\(2, 2\)\] do not broadcast together$"):
+        M.combine_masks(c, M.causal_mask(2))
+
+
+def test_next_token_pairs_1d_and_shortest():
+    inputs, targets = M.next_token_pairs(torch.tensor([4, 9]))     # T = 2
+    assert inputs.tolist() == [4] and targets.tolist() == [9]
+    inputs, targets = M.next_token_pairs(torch.tensor([1, 2, 3]))  # 1-D
+    assert inputs.tolist() == [1, 2] and targets.tolist() == [2, 3]
+    with pytest.raises(ValueError, match=r"^tokens must have shape \(\.\.\., "
+                       r"T\) with T >= 2, got \(\)$"):
+        M.next_token_pairs(torch.tensor(7))
+    with pytest.raises(ValueError, match=r"^tokens must hold integer ids, "
+                       r"got dtype torch.bool$"):
+        M.next_token_pairs(torch.tensor([True, False]))
+
+
+def test_bad_input_messages_in_full():
+    with pytest.raises(ValueError, match=r"^mask must be a torch.Tensor, got "
+                       r"list$"):
+        M.additive_mask([True])
+    with pytest.raises(ValueError, match=r"^mask must be a bool tensor \(True "
+                       r"= may attend\), got dtype torch.float32$"):
+        M.additive_mask(torch.ones(2))
+    with pytest.raises(ValueError, match=r"^dtype must be a floating dtype, "
+                       r"got torch.int64$"):
+        M.additive_mask(torch.ones(2, dtype=torch.bool), dtype=torch.int64)
+
+
+def test_influence_matrix_checks_and_trials():
+    x = torch.zeros(3, 1, dtype=torch.float64)
+    f = lambda z: z.cumsum(-2)                              # noqa: E731
+    # with n_trials = 2 each entry is the larger of two fresh |r|
+    infl = M.influence_matrix(f, x, n_trials=2,
+                              generator=torch.Generator().manual_seed(4))
+    r = torch.randn(6, 1, generator=torch.Generator().manual_seed(4),
+                    dtype=torch.float64).abs().reshape(3, 2).amax(1)
+    assert torch.allclose(infl, torch.tril(r.expand(3, 3)))
+    # default: 3 trials
+    infl3 = M.influence_matrix(f, x, generator=torch.Generator()
+                               .manual_seed(4))
+    r3 = torch.randn(9, 1, generator=torch.Generator().manual_seed(4),
+                     dtype=torch.float64).abs().reshape(3, 3).amax(1)
+    assert torch.allclose(infl3, torch.tril(r3.expand(3, 3)))
+    # batch and features: the max over both
+    xb = torch.zeros(2, 3, 2, dtype=torch.float64)
+    infl_b = M.influence_matrix(f, xb, n_trials=1,
+                                generator=torch.Generator().manual_seed(5))
+    rb = torch.randn(3, 2, 2, generator=torch.Generator().manual_seed(5),
+                     dtype=torch.float64).abs().amax((1, 2))   # (T,)
+    assert torch.allclose(infl_b, torch.tril(rb.expand(3, 3)))
+    for bad in (True, 1.0, 0):
+        with pytest.raises(ValueError, match=r"^n_trials must be an int >= 1,"
+                           rf" got {bad!r}$"):
+            M.influence_matrix(f, x, n_trials=bad)
+    with pytest.raises(ValueError, match=r"^x must be a floating tensor of "
+                       r"shape \(\.\.\., T, D\), got dtype torch.float32 and "
+                       r"shape \(3,\)$"):
+        M.influence_matrix(f, torch.zeros(3))
+    with pytest.raises(ValueError, match=r"^fn must return shape \(\.\.\., "
+                       r"T=3, D_out\), got \(1,\)$"):
+        M.influence_matrix(lambda z: z.sum((0, 1))[None], x)
+    with pytest.raises(ValueError, match=r"^fn must be callable, got 3$"):
+        M.influence_matrix(3, x)
+
+
+def _filled(image):
+    """An AxesImage's data as a float array, masked cells as NaN."""
+    import numpy as np
+    return np.ma.filled(np.ma.asarray(image.get_array(), dtype=float),
+                        np.nan)
+
+
+def test_draw_mask_every_artist_by_hand():
+    import numpy as np
+    from matplotlib.colors import to_rgba
+    nan = np.nan
+    fig = Figure()
+    # without weights: one image, blocked grey (0), allowed blue (1)
+    ax = fig.add_subplot(121)
+    mask = torch.tensor([[True, False, True], [True, True, False]])
+    assert M.draw_mask(ax, mask) is ax
+    (img,) = ax.images
+    np.testing.assert_array_equal(_filled(img), [[1, 0, 1], [1, 1, 0]])
+    assert img.get_clim() == (0, 1)
+    assert img.get_cmap()(0.0) == to_rgba("#d9d9d9")
+    assert img.get_cmap()(1.0) == to_rgba("#3b75af")
+    assert not ax.texts and ax.get_title() == ""
+    # default font size 8: tick labels 8, axis labels 9
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1"]
+    assert {t.get_fontsize() for t in ax.get_xticklabels()
+            + ax.get_yticklabels()} == {8}
+    assert (ax.get_xlabel(), ax.xaxis.label.get_fontsize()) == ("key", 9)
+    assert (ax.get_ylabel(), ax.yaxis.label.get_fontsize()) == ("query", 9)
+
+    # with weights and font size 5
+    ax = fig.add_subplot(122)
+    w = torch.tensor([[0.7, 0.0, 0.3], [0.6, 0.4, 0.0]], dtype=torch.float64)
+    M.draw_mask(ax, mask, weights=w, title="T", fontsize=5,
+                query_labels=["p", "q"], key_labels=["a", "b", "c"])
+    shade, grey = ax.images
+    np.testing.assert_array_equal(_filled(shade),
+                                  [[0.7, nan, 0.3], [0.6, 0.4, nan]])
+    assert shade.get_cmap().name == "Blues" and shade.get_clim() == (0, 1)
+    np.testing.assert_array_equal(_filled(grey),
+                                  [[nan, 1, nan], [nan, nan, 1]])
+    assert grey.get_cmap()(1.0) == to_rgba("#d9d9d9")
+    assert grey.get_clim() == (0, 1)
+    # one centred label per cell; white only on weights above 0.6
+    cells = [(t.get_position(), t.get_text(), t.get_color(), t.get_fontsize(),
+              t.get_ha(), t.get_va()) for t in ax.texts]
+    expected = []
+    for i in range(2):
+        for j in range(3):
+            ok = bool(mask[i, j])
+            text = f"{float(w[i, j]):.2f}" if ok else "-"
+            colour = "white" if ok and w[i, j] > 0.6 else "black"
+            expected.append(((j, i), text, colour, 5, "center", "center"))
+    assert cells == expected
+    assert (ax.get_title(), ax.title.get_fontsize()) == ("T", 7)
+    assert ax.xaxis.label.get_fontsize() == ax.yaxis.label.get_fontsize() == 6
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["p", "q"]
+    assert {t.get_fontsize() for t in ax.get_xticklabels()
+            + ax.get_yticklabels()} == {5}
+    # major ticks on the cells, minor ticks (the grid) between them
+    assert list(ax.get_xticks()) == [0, 1, 2]
+    assert list(ax.get_yticks()) == [0, 1]
+    assert list(ax.get_xticks(minor=True)) == [-0.5, 0.5, 1.5, 2.5]
+    assert list(ax.get_yticks(minor=True)) == [-0.5, 0.5, 1.5]
+    for axis in (ax.xaxis, ax.yaxis):
+        for tick in axis.get_minor_ticks():
+            assert tick.gridline.get_visible()
+            assert tick.gridline.get_color() == "white"
+            assert tick.gridline.get_linewidth() == 1
+            assert tick.tick1line.get_markersize() == 0
+        assert not any(t.gridline.get_visible()
+                       for t in axis.get_major_ticks())
+
+
+def test_draw_mask_all_allowed_is_blue_and_all_blocked_grey():
+    # the colour scale is fixed to [0, 1]: a mask with one value only
+    # must not be rescaled to its own range (which would draw it grey)
+    from matplotlib.colors import to_rgba
+    fig = Figure()
+    for i, (value, colour) in enumerate(((True, "#3b75af"),
+                                         (False, "#d9d9d9"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        M.draw_mask(ax, torch.full((2, 3), value))
+        (img,) = ax.images
+        assert img.get_clim() == (0, 1)
+        assert img.get_cmap()(img.norm(float(value))) == to_rgba(colour)
+
+
+def test_draw_mask_bad_input_messages():
+    ax = Figure().add_subplot()
+    with pytest.raises(ValueError, match=r"^mask must be a bool tensor"):
+        M.draw_mask(ax, torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"^mask must have shape \(Lq, Lk\), "
+                       r"got \(2,\)$"):
+        M.draw_mask(ax, torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"^weights must be a torch.Tensor, "
+                       r"got list$"):
+        M.draw_mask(ax, torch.ones(1, 1, dtype=torch.bool), weights=[[1.0]])
+    with pytest.raises(ValueError, match=r"^weights must have shape \(2, 2\) "
+                       r"like mask, got \(2, 3\)$"):
+        M.draw_mask(ax, torch.ones(2, 2, dtype=torch.bool),
+                    weights=torch.ones(2, 3))

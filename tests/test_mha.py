@@ -397,3 +397,49 @@ def test_rope_hook_bad_inputs():
         MultiHeadAttention(8, 2, rope=RotaryEmbedding(8))
     with pytest.raises(ValueError, match="x must have last dim head_dim=8"):
         RotaryEmbedding(8)(torch.randn(1, 3, 6), torch.arange(3))
+
+
+# ------------------------------------ mutation testing (benchmarks/mutation.md)
+# Tests added because a mutant of course_lib.heads survived the ones above.
+def test_query_positions_by_hand(monkeypatch):
+    from course_lib import heads
+    from course_lib.kv_cache import LayerKVCache
+    cpu = torch.device("cpu")
+    assert heads.query_positions(None, 3, None, cpu).tolist() == [0, 1, 2]
+    cache = LayerKVCache()
+    cache.update(torch.zeros(1, 4, 2))                     # 4 cached
+    assert heads.query_positions(None, 2, cache, cpu).tolist() == [4, 5]
+    given = torch.tensor([4, 5])
+    assert heads.query_positions(given, 2, cache, cpu) is given
+    with pytest.raises(ValueError, match=r"^positions must continue the "
+                       r"cache, i\.e\. start at 4"):
+        heads.query_positions(torch.tensor([0, 1]), 2, cache, cpu)
+    msg = r"^positions must be a tensor of shape \(T,\) = \(2,\), got "
+    with pytest.raises(ValueError, match=msg + r"torch\.Size\(\[3\]\)$"):
+        heads.query_positions(torch.arange(3), 2, None, cpu)
+    with pytest.raises(ValueError, match=msg + r"\[0, 1\]$"):
+        heads.query_positions([0, 1], 2, None, cpu)
+    # the default positions are built on the device asked for (a spy:
+    # there is only a CPU here, where a dropped device= changes nothing)
+    asked = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def arange(self, *args, **kw):
+            asked.append(kw.get("device", "missing"))
+            return torch.arange(*args, **kw)
+
+    monkeypatch.setattr(heads, "torch", Spy())
+    heads.query_positions(None, 2, None, cpu)
+    assert asked == [cpu]
+
+
+def test_split_and_merge_heads_messages():
+    from course_lib import heads
+    with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0$"):
+        heads.split_heads(torch.zeros(1, 2, 4), 0)
+    with pytest.raises(TypeError, match=r"^x must be a torch\.Tensor, got "
+                       r"list$"):
+        heads.merge_heads([[[[0.0]]]])

@@ -415,3 +415,24 @@ def test_yarn_paths_agree_and_cache_decodes(absorb):
                               atol=1e-3)
     shifted = m(x, causal_mask(9), positions=pos - 149_990)
     assert torch.allclose(shifted, full, atol=1e-4)
+
+
+# ------------------------------------ mutation testing (benchmarks/mutation.md)
+# Tests added because a mutant of course_lib.mla_config survived the ones
+# above.
+def test_config_without_query_latent_still_checks_every_other_field():
+    with pytest.raises(ValueError, match=r"^kv_lora_rank must be >= 1, got "
+                       r"0$"):
+        MLAConfig(q_lora_rank=None, kv_lora_rank=0)
+    with pytest.raises(ValueError, match=r"^rms_norm_eps must be > 0"):
+        MLAConfig(q_lora_rank=None, rms_norm_eps=0.0)
+
+
+def test_param_count_message_names_the_missing_fields():
+    from course_lib.mla_config import mla_param_count
+    with pytest.raises(TypeError, match=r"^config must be an MLA configuration"
+                       r" \(MLAConfig or ModelConfig\), got SimpleNamespace "
+                       r"without num_attention_heads, kv_lora_rank, "
+                       r"q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, "
+                       r"v_head_dim, attention_bias$"):
+        mla_param_count(SimpleNamespace(hidden_size=8))

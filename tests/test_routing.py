@@ -201,3 +201,103 @@ def test_router_update_bias_in_place_rebalances():
     assert r.e_score_correction_bias[0] < 0
 
 
+
+
+# ------------------------------------ mutation testing (benchmarks/mutation.md)
+# Tests added because a mutant of course_lib.routing survived the ones above.
+def _v3_with_scores(s, **kw):
+    """A V3 router whose sigmoid affinities for the one-hot token e_0 are
+    ``s``: d_model = 1, weight = logit(s)."""
+    r = DeepSeekV3Router(1, len(s), **kw)
+    with torch.no_grad():
+        r.weight.copy_(torch.logit(torch.tensor(s))[:, None])
+    return r
+
+
+def test_v3_two_groups_keep_the_best_group_by_hand():
+    # groups {0..3}, {4..7}; group score = sum of its two best affinities:
+    # 0.9 + 0.1 = 1.0 against 0.8 + 0.7 = 1.5, so only group 1 is kept
+    s = [0.9, 0.1, 0.1, 0.1, 0.8, 0.7, 0.6, 0.5]
+    r = _v3_with_scores(s, top_k=2, n_group=2, topk_group=1)
+    out = r(torch.ones(1, 1))
+    assert sorted(out.indices[0].tolist()) == [4, 5]
+    free = _v3_with_scores(s, top_k=2)                  # one group: no limit
+    assert sorted(free(torch.ones(1, 1)).indices[0].tolist()) == [0, 4]
+
+
+def test_router_argument_edges_and_messages():
+    TopKRouter(1, 1, 1)(torch.ones(3, 1))              # smallest sizes
+    r = TopKRouter(4, 3, 1)
+    assert r(torch.randn(4)).indices.shape == (1, 1)   # one token, 1-D
+    for args, msg in (((0, 3, 1), r"^d_model must be >= 1, got 0$"),
+                      ((4, 0, 1), r"^n_experts must be >= 1, got 0$")):
+        with pytest.raises(ValueError, match=msg):
+            TopKRouter(*args)
+    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., 4\), "
+                       r"got \(2, 3\)$"):
+        r(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., 4\), "
+                       r"got \[1\.0\]$"):
+        r([1.0])
+    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., 4\), "
+                       r"got \(\)$"):
+        r(torch.tensor(1.0))
+    p = torch.tensor([[0.5, 0.3, 0.2]])
+    idx, _ = select_top_k(p, 3)                        # k = E is allowed
+    assert idx.tolist() == [[0, 1, 2]]
+
+
+def test_router_init_scale_and_unnormalised_gates():
+    torch.manual_seed(0)
+    for router in (TopKRouter(256, 64, 2), DeepSeekV3Router(256, 64, 2)):
+        assert router.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    r = TopKRouter(8, 5, 2, normalize=False)
+    x = torch.randn(3, 8)
+    out = r(x)
+    probs = (x @ r.weight.T).softmax(-1)               # by hand
+    top = probs.topk(2, dim=-1)
+    torch.testing.assert_close(out.weights, top.values)
+    assert torch.equal(out.indices, top.indices)
+
+
+def test_group_limited_mask_and_v3_edges_and_messages():
+    s = torch.rand(2, 8)
+    assert group_limited_mask(s, n_group=1, topk_group=1).all()
+    assert group_limited_mask(s, n_group=4, topk_group=4).all()
+    with pytest.raises(ValueError, match=r"^scores must be a tensor \(N, E\), "
+                       r"got \[1\]$"):
+        group_limited_mask([1], n_group=1, topk_group=1)
+    for kw, msg in ((dict(n_group=0, topk_group=1),
+                     r"^n_group must be >= 1, got 0$"),
+                    (dict(n_group=2, topk_group=0),
+                     r"^topk_group must be >= 1, got 0$")):
+        with pytest.raises(ValueError, match=msg):
+            group_limited_mask(s, **kw)
+        with pytest.raises(ValueError, match=msg):
+            DeepSeekV3Router(4, 8, 2, **kw)
+    DeepSeekV3Router(4, 8, 4, n_group=4, topk_group=2)  # top_k = 2 * 2
+    with pytest.raises(ValueError, match=r"^top_k must be <= experts in the "
+                       r"kept groups \(4\), got 5$"):
+        DeepSeekV3Router(4, 8, 5, n_group=4, topk_group=2)
+
+
+def test_group_limited_mask_one_expert_per_group_and_device(monkeypatch):
+    # groups of one expert: a group's score is that expert's score
+    s = torch.tensor([[0.1, 0.9, 0.3, 0.8]])
+    keep = group_limited_mask(s, n_group=4, topk_group=2)
+    assert keep.tolist() == [[False, True, False, True]]
+    # the mask is built on the scores' device (a spy: only a CPU here)
+    import course_lib.routing as R
+    asked = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def zeros(self, *args, **kw):
+            asked.append(kw.get("device", "missing"))
+            return torch.zeros(*args, **kw)
+
+    monkeypatch.setattr(R, "torch", Spy())
+    group_limited_mask(s, n_group=2, topk_group=1)
+    assert asked == [s.device]
