@@ -115,7 +115,8 @@ DEFAULTS = [
     (MIXTRAL_8X7B, "MixtralConfig", None,
      {"max_position_embeddings": (32768, 131072)}),
     (DEEPSEEK_V3, "DeepseekV3Config", None,
-     {"max_position_embeddings": (163840, 4096)}),    # before YaRN x40
+     {"max_position_embeddings": (163840, 4096),      # before YaRN x40
+      "rope_scaling": "yarn"}),    # the release's YaRN is not the default
 ]
 
 
@@ -124,8 +125,11 @@ DEFAULTS = [
 def test_fields_match_transformers_defaults(cfg, name, mapping, exceptions):
     hf = getattr(transformers, name)()
     if mapping is None:
+        # rope fields are compared below: transformers keeps them in one
+        # dict, rope_parameters (rope_theta, rope_type and YaRN's keys)
         mapping = {f.name: f.name for f in dataclasses.fields(cfg)
-                   if hasattr(hf, f.name) and f.name != "head_dim"}
+                   if hasattr(hf, f.name) and f.name not in
+                   ("head_dim", "rope_theta", "rope_scaling")}
         if name == "MixtralConfig":
             mapping["n_routed_experts"] = "num_local_experts"
     assert len(mapping) >= 7
@@ -137,3 +141,12 @@ def test_fields_match_transformers_defaults(cfg, name, mapping, exceptions):
             assert got in (None, cfg.num_attention_heads)
         else:
             assert got == want, f"{name}.{theirs}: {got} != {want}"
+    if cfg.position == "rope":
+        rope = hf.rope_parameters
+        assert rope["rope_theta"] == cfg.rope_theta, (name, rope)
+        if "rope_scaling" in exceptions:        # default: plain RoPE
+            assert rope["rope_type"] == "default"
+            assert cfg.rope_scaling["type"] == exceptions["rope_scaling"]
+        else:
+            assert cfg.rope_scaling is None and \
+                rope["rope_type"] == "default", (name, rope)
