@@ -84,3 +84,32 @@ def parallel_layers():
                                     timeout=60)
         return cache[world_size]
     return get
+
+
+@pytest.fixture
+def device_spy(monkeypatch):
+    """``spy(module, *factories)``: replace ``module.torch`` with a stand-in
+    that records the ``device=`` each named tensor factory (``arange``,
+    ``zeros``, ...) is called with ("missing" when none is given) and
+    otherwise is torch. Returns the list of recorded devices. This machine
+    has only a CPU, where a dropped ``device=`` changes no value; the
+    record shows it (mutation testing, benchmarks/mutation.md)."""
+    import torch
+
+    def spy(module, *factories):
+        asked = []
+
+        class Spy:
+            def __getattr__(self, name):
+                real = getattr(torch, name)
+                if name not in factories:
+                    return real
+
+                def factory(*args, **kw):
+                    asked.append(kw.get("device", "missing"))
+                    return real(*args, **kw)
+                return factory
+
+        monkeypatch.setattr(module, "torch", Spy())
+        return asked
+    return spy

@@ -646,21 +646,11 @@ def test_check_next_message_shows_at_most_8_positions():
         c.check_next(torch.arange(1, 10))                 # 9: cut after 8
 
 
-def test_check_next_compares_on_the_positions_device(monkeypatch):
+def test_check_next_compares_on_the_positions_device(device_spy):
     # Only a CPU here: a spy checks that the expected run 0, 1, ... is
     # built on the device of the positions (else a GPU run would fail).
     import course_lib.kv_cache as kvc
-    asked = []
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        def arange(self, *args, **kw):
-            asked.append(kw.get("device", "missing"))
-            return torch.arange(*args, **kw)
-
-    monkeypatch.setattr(kvc, "torch", Spy())
+    asked = device_spy(kvc, "arange")
     positions = torch.arange(2)
     LayerKVCache().check_next(positions)
     assert asked == [positions.device]

@@ -294,30 +294,12 @@ def test_draw_mask_bad_input():
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
 # Tests added because a mutant of course_lib.masking survived the ones above.
-def test_masks_are_built_on_the_device_asked_for(monkeypatch):
+def test_masks_are_built_on_the_device_asked_for(device_spy):
     # Only a CPU here, so a dropped device=... would not change any value:
     # a spy on the tensor factories checks that each one is asked for the
     # device the caller gave. (A "meta" device would show it without a
     # spy, but its first comparison takes about 15 s to set up.)
-    asked = []
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        def arange(self, *args, **kw):
-            asked.append(kw.get("device", "missing"))
-            return torch.arange(*args, **kw)
-
-        def tensor(self, *args, **kw):
-            asked.append(kw.get("device", "missing"))
-            return torch.tensor(*args, **kw)
-
-        def zeros(self, *args, **kw):
-            asked.append(kw.get("device", "missing"))
-            return torch.zeros(*args, **kw)
-
-    monkeypatch.setattr(M, "torch", Spy())
+    asked = device_spy(M, "arange", "tensor", "zeros")
     cpu = torch.device("cpu")
     for build, n in ((lambda: M.causal_mask(3, 5, device=cpu), 2),
                      (lambda: M.sliding_window_mask(3, 5, window=2,

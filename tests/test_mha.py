@@ -401,7 +401,7 @@ def test_rope_hook_bad_inputs():
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
 # Tests added because a mutant of course_lib.heads survived the ones above.
-def test_query_positions_by_hand(monkeypatch):
+def test_query_positions_by_hand(device_spy):
     from course_lib import heads
     from course_lib.kv_cache import LayerKVCache
     cpu = torch.device("cpu")
@@ -421,17 +421,7 @@ def test_query_positions_by_hand(monkeypatch):
         heads.query_positions([0, 1], 2, None, cpu)
     # the default positions are built on the device asked for (a spy:
     # there is only a CPU here, where a dropped device= changes nothing)
-    asked = []
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        def arange(self, *args, **kw):
-            asked.append(kw.get("device", "missing"))
-            return torch.arange(*args, **kw)
-
-    monkeypatch.setattr(heads, "torch", Spy())
+    asked = device_spy(heads, "arange")
     heads.query_positions(None, 2, None, cpu)
     assert asked == [cpu]
 

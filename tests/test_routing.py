@@ -281,23 +281,13 @@ def test_group_limited_mask_and_v3_edges_and_messages():
         DeepSeekV3Router(4, 8, 5, n_group=4, topk_group=2)
 
 
-def test_group_limited_mask_one_expert_per_group_and_device(monkeypatch):
+def test_group_limited_mask_one_expert_per_group_and_device(device_spy):
     # groups of one expert: a group's score is that expert's score
     s = torch.tensor([[0.1, 0.9, 0.3, 0.8]])
     keep = group_limited_mask(s, n_group=4, topk_group=2)
     assert keep.tolist() == [[False, True, False, True]]
     # the mask is built on the scores' device (a spy: only a CPU here)
     import course_lib.routing as R
-    asked = []
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        def zeros(self, *args, **kw):
-            asked.append(kw.get("device", "missing"))
-            return torch.zeros(*args, **kw)
-
-    monkeypatch.setattr(R, "torch", Spy())
+    asked = device_spy(R, "zeros")
     group_limited_mask(s, n_group=2, topk_group=1)
     assert asked == [s.device]
