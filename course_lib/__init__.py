@@ -12,12 +12,16 @@ Shared helpers
 - ``special_tokens``: PAD, BOS, EOS and IGNORE of the synthetic tasks
 - ``threads``: ``small_ops``, one torch thread for loops of small tensor
   ops (fast on a busy machine too)
-- ``widgets``: explorers (live ipywidgets + static HTML frame players)
+- ``widgets``: explorers (live ipywidgets + static HTML frame players);
+  ``frames``: how a frame is drawn so that its text reads at body size
 - ``markdown``: the small Markdown-to-HTML converter of prompts and
   feedback; ``source``: ``show_source``
 - ``exercise_base``, ``answers``, ``exercises``: the exercise contract
   (``Exercise``, ``Feedback``), reading a numeric answer
-  (``parse_number``), and the numeric and choice exercises
+  (``parse_number``), and the numeric and choice exercises;
+  ``function_exercise`` (learner code under a time limit) and
+  ``diagnosed_exercise`` (the same, naming the usual mistake a wrong
+  answer matches)
 
 Part I, why attention
 - ``rnn``: recurrent networks, gradient decay, path lengths (chapter 1)
