@@ -25,14 +25,10 @@ import copy
 import math
 from typing import Any, Callable, Sequence
 
-from .exercise_base import Feedback
-from .function_exercise import (FunctionExercise, LearnerTimeout,
-                                _learner_line, _what_happened,
-                                compare_values, time_limit)
+from .function_exercise import (_STOPS, FunctionExercise, compare_values,
+                                time_limit)
 
 __all__ = ["DiagnosedFunctionExercise"]
-
-_STOPS = (Exception, LearnerTimeout, SystemExit, KeyboardInterrupt)
 
 
 class DiagnosedFunctionExercise(FunctionExercise):
@@ -69,42 +65,20 @@ class DiagnosedFunctionExercise(FunctionExercise):
                                  f"non-empty str), got {pair!r:.60}")
         self.mistakes = list(mistakes)
 
-    def check(self, answer: Any) -> Feedback:
-        func = self._load(answer)
-        if isinstance(func, Feedback):
-            return func
-        for i, (args, kwargs) in enumerate(self.cases, start=1):
-            call = self._call_text(args, kwargs)
-            expected = self.reference(*copy.deepcopy(args),
-                                      **copy.deepcopy(kwargs))
-            try:
-                with time_limit(self.time_limit):
-                    got = func(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-            except _STOPS as exc:
-                return Feedback(False, f"Case {i}, `{call}`: your function "
-                                + _what_happened(exc, self.time_limit)
-                                + _learner_line(exc)
-                                + self._diagnose(args, kwargs, expected,
-                                                 error=exc))
-            problem = _dtype_problem(expected, got) or compare_values(
-                expected, got, rtol=self.rtol, atol=self.atol)
-            if problem:
-                return Feedback(False, f"Case {i}, `{call}`: {problem}."
-                                + self._diagnose(args, kwargs, expected,
-                                                 got=got))
-        return Feedback(True, f"All {len(self.cases)} cases pass.")
+    def _problem(self, expected: Any, got: Any) -> str | None:
+        return _dtype_problem(expected, got) or super()._problem(expected,
+                                                                 got)
 
     def diagnose(self, args: tuple, kwargs: dict, got: Any) -> str | None:
         """The hint of the first mistake that gives ``got`` on this case
         (None if none does). For tests and for readers of the code."""
         expected = self.reference(*copy.deepcopy(args),
                                   **copy.deepcopy(kwargs))
-        text = self._diagnose(args, kwargs, expected, got=got)
+        text = self._hint(args, kwargs, expected, got=got)
         return text.strip().removeprefix("Likely mistake: ") or None
 
-    def _diagnose(self, args: tuple, kwargs: dict, expected: Any, *,
-                  got: Any = None, error: BaseException | None = None
-                  ) -> str:
+    def _hint(self, args: tuple, kwargs: dict, expected: Any, *,
+              got: Any = None, error: BaseException | None = None) -> str:
         for wrong, hint in self.mistakes:
             try:
                 with time_limit(self.time_limit):

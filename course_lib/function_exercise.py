@@ -38,6 +38,10 @@ class LearnerTimeout(BaseException):
     """
 
 
+# every way learner code can end without returning: reported, never raised
+_STOPS = (Exception, LearnerTimeout, SystemExit, KeyboardInterrupt)
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
     """Raise :class:`LearnerTimeout` in the block after ``seconds``.
@@ -216,8 +220,7 @@ class FunctionExercise(Exercise):
         try:
             with time_limit(self.time_limit):
                 exec(code, namespace)
-        except (Exception, LearnerTimeout, SystemExit,
-                KeyboardInterrupt) as exc:
+        except _STOPS as exc:
             return Feedback(False, "Running your code " + _what_happened(
                 exc, self.time_limit))
         func = namespace.get(self.func_name)
@@ -237,16 +240,28 @@ class FunctionExercise(Exercise):
             try:
                 with time_limit(self.time_limit):
                     got = func(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-            except (Exception, LearnerTimeout, SystemExit,
-                    KeyboardInterrupt) as exc:
+            except _STOPS as exc:
                 return Feedback(False, f"Case {i}, `{call}`: your function "
                                 + _what_happened(exc, self.time_limit)
-                                + _learner_line(exc))
-            problem = compare_values(expected, got, rtol=self.rtol,
-                                     atol=self.atol)
+                                + _learner_line(exc)
+                                + self._hint(args, kwargs, expected,
+                                             error=exc))
+            problem = self._problem(expected, got)
             if problem:
-                return Feedback(False, f"Case {i}, `{call}`: {problem}.")
+                return Feedback(False, f"Case {i}, `{call}`: {problem}."
+                                + self._hint(args, kwargs, expected,
+                                             got=got))
         return Feedback(True, f"All {len(self.cases)} cases pass.")
+
+    def _problem(self, expected: Any, got: Any) -> str | None:
+        """What is wrong with ``got`` on a case (None if it is right)."""
+        return compare_values(expected, got, rtol=self.rtol, atol=self.atol)
+
+    def _hint(self, args: tuple, kwargs: dict, expected: Any, *,
+              got: Any = None, error: BaseException | None = None) -> str:
+        """Text added to the feedback of a failed case (a subclass names
+        the likely mistake; here nothing)."""
+        return ""
 
     def _call_text(self, args: tuple, kwargs: dict) -> str:
         parts = [_short(a) for a in args]
