@@ -6,8 +6,6 @@ check that (1) the reference agrees with the library class it teaches,
 (2) the model solution passes the checker, and (3) the usual wrong
 answers do not. Chapter 11's DeepSeek-V3 gates so far.
 """
-import json
-import pathlib
 
 import pytest
 import torch
@@ -15,14 +13,7 @@ import torch
 from course_lib.function_exercise import FunctionExercise
 from course_lib.routing import DeepSeekV3Router, group_limited_mask
 
-BOOK = pathlib.Path(__file__).resolve().parent.parent / "book"
-
-
-def exercise_cell(notebook: str, key: str) -> str:
-    cells = json.loads((BOOK / notebook).read_text())["cells"]
-    found = [c for c in cells if f'key="{key}"' in "".join(c["source"])]
-    assert len(found) == 1, f"{notebook}: no single cell with {key!r}"
-    return "".join(found[0]["source"])
+from notebook_support import exercise_cell
 
 
 @pytest.fixture(scope="module")

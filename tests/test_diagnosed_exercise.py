@@ -9,9 +9,7 @@ computation (torch's ``rms_norm``, a loop over the targets with Python's
 as a learner would write it, fails with its own hint; (4) code that
 raises, returns junk or the wrong shape gets feedback, never a traceback.
 """
-import json
 import math
-import pathlib
 
 import pytest
 import torch
@@ -21,14 +19,7 @@ from course_lib import layers as Ly
 from course_lib import special_tokens as ST
 from course_lib.diagnosed_exercise import DiagnosedFunctionExercise
 
-BOOK = pathlib.Path(__file__).resolve().parent.parent / "book"
-
-
-def exercise_cell(notebook: str, key: str) -> str:
-    cells = json.loads((BOOK / notebook).read_text())["cells"]
-    found = [c for c in cells if f'key="{key}"' in "".join(c["source"])]
-    assert len(found) == 1, f"{notebook}: no single cell with {key!r}"
-    return "".join(found[0]["source"])
+from notebook_support import exercise_cell
 
 
 def load_exercise(notebook: str, key: str, namespace: dict):
