@@ -61,11 +61,19 @@ test-unit: $(STAMP)
 # in order in one kernel); 2 workers on 2 cores: 222 s -> 151 s. Handed
 # out longest first (scripts/notebook_order.py, from the run times stored
 # in the notebooks), so the last chapter to start is a short one.
+# Each kernel gets one torch thread (OMP_NUM_THREADS=1): two kernels with
+# torch's default two threads each oversubscribe the two cores, and small
+# ops slow down most (course_lib/threads.py). Measured in a fresh clone on
+# a quiet machine (2026-12-02): 269 s wall and 502 CPU-s with the default
+# threads, 173 s and 304 CPU-s with one; the same 474 cells pass. Readers
+# and `make notebooks` keep torch's default threads.
 NB_WORKERS ?= 2
+NB_THREADS ?= 1
 NB_ORDERED = $(or $(shell $(PYTHON) scripts/notebook_order.py \
                             $(wildcard $(NB))),$(NB))
 test-notebooks: $(STAMP)
-	$(BIN)/python -m pytest --nbval --nbval-current-env \
+	OMP_NUM_THREADS=$(NB_THREADS) $(BIN)/python -m pytest --nbval \
+	  --nbval-current-env \
 	  --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider \
 	  -q -n $(NB_WORKERS) --dist loadfile --no-loadscope-reorder $(NB_ORDERED)
 
