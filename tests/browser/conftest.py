@@ -105,16 +105,23 @@ def site():
 # -- one page, loaded once, for the checks that only read it -----------------
 # Most tests are parametrized by a page of the book (``rel``, or a
 # ``chapter`` name). Each test that changes the page (clicks, typing, Tab,
-# another viewport or colour scheme) loads its own; the checks that only
-# read a freshly loaded desktop page (Colab links, hidden exercise source,
-# formulas as Tab stops, the axe-core scan) share one load through
-# ``fresh_page``. ``pytest_collection_modifyitems`` puts a page's
-# ``fresh_page`` tests next to each other, so a worker that receives them
-# together (pytest-xdist hands out runs of consecutive tests) loads that
-# page once for all of them; at worst, one load per test, as before.
+# dark colour scheme) loads its own; the checks that only read a freshly
+# loaded page share one load of it per viewport: ``fresh_page`` at
+# 1280 x 900 (Colab links, hidden exercise source, formulas as Tab stops,
+# the axe-core scan, explorer text on a desktop) and ``fresh_phone`` at
+# 390 x 844 (sideways scrolling, explorer text on a phone).
+# ``pytest_collection_modifyitems`` puts a page's read-only tests next to
+# each other, so a worker that receives them together (pytest-xdist hands
+# out runs of consecutive tests) loads that page once per viewport for
+# all of them; at worst, one load per test, as before.
 # (An xdist group would pin them to one worker, but pytest-xdist 3.8's
 # ``--dist loadgroup`` has no effect under pytest 9: it renames
 # ``item._nodeid``, which pytest 9 no longer reads.)
+READ_ONLY_FIXTURES = ("fresh_page", "fresh_phone")
+VIEWPORTS = {"desktop": {"width": 1280, "height": 900},
+             "phone": {"width": 390, "height": 844}}
+
+
 def page_of(item) -> str | None:
     """The site-relative page a browser test is parametrized by."""
     params = getattr(getattr(item, "callspec", None), "params", {})
@@ -129,8 +136,9 @@ def pytest_collection_modifyitems(config, items):
     first: dict[str, int] = {}
     keys = []
     for i, item in enumerate(items):
-        rel = page_of(item) if "fresh_page" in getattr(
-            item, "fixturenames", ()) else None
+        fixtures = getattr(item, "fixturenames", ())
+        read_only = any(f in fixtures for f in READ_ONLY_FIXTURES)
+        rel = page_of(item) if read_only else None
         if rel is not None:
             first.setdefault(rel, i)
         keys.append((first[rel] if rel is not None else i, i))
@@ -139,26 +147,26 @@ def pytest_collection_modifyitems(config, items):
 
 
 class _PageCache:
-    """The last page loaded read-only, in its own desktop context."""
+    """The last page loaded read-only, in its own context, per viewport."""
 
     def __init__(self, browser):
-        self.browser, self.url, self.context, self.page = browser, None, \
-            None, None
+        self.browser = browser
+        self.loaded: dict[str, tuple] = {}   # viewport -> (url, context, page)
 
-    def get(self, url: str, opener):
-        if url != self.url:
-            self.close()
-            self.context = self.browser.new_context(
-                viewport={"width": 1280, "height": 900})
-            self.page = self.context.new_page()
-            opener(self.page, url)
-            self.url = url
-        return self.page
+    def get(self, url: str, viewport: str, opener):
+        url_now, _, page = self.loaded.get(viewport, (None, None, None))
+        if url != url_now:
+            self.close(viewport)
+            context = self.browser.new_context(viewport=VIEWPORTS[viewport])
+            page = context.new_page()
+            opener(page, url)
+            self.loaded[viewport] = (url, context, page)
+        return page
 
-    def close(self):
-        if self.context is not None:
-            self.context.close()
-        self.url = self.context = self.page = None
+    def close(self, viewport: str | None = None):
+        for vp in [viewport] if viewport else list(self.loaded):
+            if vp in self.loaded:
+                self.loaded.pop(vp)[1].close()
 
 
 @pytest.fixture(scope="session")
@@ -173,4 +181,12 @@ def fresh_page(_page_cache, site):
     """``fresh_page(rel)``: the page ``rel`` as loaded (``open_page``: load
     event, MathJax done) at 1280 x 900, shared by the read-only checks of
     that page. A test that uses it must not change the page."""
-    return lambda rel: _page_cache.get(f"{site.url}/{rel}", open_page)
+    return lambda rel: _page_cache.get(f"{site.url}/{rel}", "desktop",
+                                       open_page)
+
+
+@pytest.fixture()
+def fresh_phone(_page_cache, site):
+    """``fresh_phone(rel)``: as ``fresh_page``, at 390 x 844 (a phone)."""
+    return lambda rel: _page_cache.get(f"{site.url}/{rel}", "phone",
+                                       open_page)

@@ -58,6 +58,9 @@ DEFECTS = {
         '<p class="admonition-title">Solution</p>'
         '<section><p>The answer.</p></section></div>',
         "is open before it is clicked"),
+    "details_stuck": (
+        '<details><summary onclick="event.preventDefault()">Hint</summary>'
+        '<p>A hint.</p></details>', "did not open when clicked"),
 }
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import new_page, open_page
 from test_pages import CHAPTERS
 
 pytestmark = pytest.mark.browser
@@ -39,13 +38,11 @@ FRAMES_JS = """() => ({
                  : JSON.parse(i.dataset.clippedText)}))})"""
 
 
-def frames_at(browser, url: str, width: int, height: int) -> dict:
-    for page in new_page(browser, viewport={"width": width,
-                                            "height": height}):
-        open_page(page, url)
-        page.wait_for_function("""() => Array.from(document.querySelectorAll(
-            'img.ti-frame')).every(i => i.complete && i.naturalWidth > 0)""")
-        return page.evaluate(FRAMES_JS)
+def frames_of(page) -> dict:
+    """The frames of a loaded page (read only: waits for their images)."""
+    page.wait_for_function("""() => Array.from(document.querySelectorAll(
+        'img.ti-frame')).every(i => i.complete && i.naturalWidth > 0)""")
+    return page.evaluate(FRAMES_JS)
 
 
 def shown_px(frame: dict) -> float:
@@ -54,13 +51,14 @@ def shown_px(frame: dict) -> float:
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_explorer_text_reads_at_body_size_and_on_a_phone(site, browser,
+def test_explorer_text_reads_at_body_size_and_on_a_phone(fresh_page,
+                                                         fresh_phone,
                                                          chapter):
-    url = f"{site.url}/book/{chapter}.html"
-    desktop = frames_at(browser, url, 1280, 900)
+    rel = f"book/{chapter}.html"
+    desktop = frames_of(fresh_page(rel))            # 1280 x 900
     if not desktop["frames"]:
         pytest.skip("no explorer on this page")
-    phone = frames_at(browser, url, 390, 844)
+    phone = frames_of(fresh_phone(rel))             # 390 x 844
     problems = []
     for f in desktop["frames"]:
         if f["clipped"]:

@@ -8,9 +8,9 @@ Each test loads pages of the built book in headless Chromium:
 - Enter in an answer field checks it; every input and radio group has an
   accessible name that names its exercise; radio names are unique per
   exercise;
-- formulas are not Tab stops; sliders announce their value
-  (``aria-valuetext``); Tab alone reaches every widget control, the arrow
-  keys drive a slider and Enter checks an answer;
+- formulas are not Tab stops; Tab alone reaches every widget control,
+  the arrow keys drive a slider, every slider announces its value
+  (``aria-valuetext``) and Enter checks an answer;
 - at 390 px no page scrolls sideways and explorer frames fit the width;
 - in dark mode exercise text and feedback keep a 4.5:1 contrast;
 - axe-core finds no violation in the course's own content, and only the
@@ -182,25 +182,6 @@ def test_formulas_are_not_tab_stops(fresh_page, rel):
     assert stops == 0, f"{stops} of {total} formulas are Tab stops"
 
 
-@pytest.mark.parametrize("rel", CHAPTER_PAGES)
-def test_sliders_announce_their_value(site, page, rel):
-    open_page(page, f"{site.url}/{rel}")
-    sliders = page.locator(".ti-explorer input[type=range]")
-    if sliders.count() == 0:
-        pytest.skip("no explorer on this page")
-    for i in range(sliders.count()):
-        s = sliders.nth(i)
-        shown = s.locator("xpath=following-sibling::output[1]")
-        for key in ([] if s.get_attribute("max") == "0" else
-                    ["End", "Home"]):
-            s.focus()
-            page.keyboard.press(key)
-            said = s.get_attribute("aria-valuetext")
-            assert said == shown.text_content(), (
-                f"slider {s.get_attribute('aria-label')!r} announces "
-                f"{said!r}, shows {shown.text_content()!r}")
-
-
 TAB_LIMIT = 800
 TAB_BATCH = 20        # Tab presses between reads of the focus log
 
@@ -209,7 +190,8 @@ TAB_BATCH = 20        # Tab presses between reads of the focus log
 def test_keyboard_alone_uses_every_explorer_and_exercise(site, page, rel):
     """Tab from the top of the page reaches every slider, answer field,
     option group and Check button, and never stops on a formula; the
-    arrow keys change a slider's frame and Enter checks an answer."""
+    arrow keys change a slider's frame, every slider announces the value
+    it shows (``aria-valuetext``) and Enter checks an answer."""
     open_page(page, f"{site.url}/{rel}")
     wanted = page.evaluate("""() => {
         const ids = [];
@@ -267,6 +249,20 @@ def test_keyboard_alone_uses_every_explorer_and_exercise(site, page, rel):
         before = img.get_attribute("src")
         page.keyboard.press("ArrowRight")
         assert img.get_attribute("src") != before, "ArrowRight: same frame"
+    # every slider announces the value it shows, at both ends
+    # (aria-valuetext, read by a screen reader, against its <output>)
+    sliders = page.locator(".ti-explorer input[type=range]")
+    for i in range(sliders.count()):
+        s = sliders.nth(i)
+        shown = s.locator("xpath=following-sibling::output[1]")
+        for key in ([] if s.get_attribute("max") == "0" else
+                    ["End", "Home"]):
+            s.focus()
+            page.keyboard.press(key)
+            said = s.get_attribute("aria-valuetext")
+            assert said == shown.text_content(), (
+                f"slider {s.get_attribute('aria-label')!r} announces "
+                f"{said!r}, shows {shown.text_content()!r} after {key}")
     ex = exercises(page, "numeric") or exercises(page, "choice")
     key, root = ex[0]
     if root.locator(".ti-answer").count():
@@ -281,14 +277,9 @@ def test_keyboard_alone_uses_every_explorer_and_exercise(site, page, rel):
 
 
 # -- 4. phone width -------------------------------------------------------------
-@pytest.fixture()
-def phone(browser):
-    yield from new_page(browser, viewport={"width": 390, "height": 844})
-
-
 @pytest.mark.parametrize("rel", PAGES)
-def test_no_sideways_scrolling_at_390_px(site, phone, rel):
-    open_page(phone, f"{site.url}/{rel}")
+def test_no_sideways_scrolling_at_390_px(fresh_phone, rel):
+    phone = fresh_phone(rel)                 # 390 x 844, read only
     width = phone.evaluate("() => document.documentElement.scrollWidth")
     inner = phone.evaluate("() => window.innerWidth")
     wide = phone.evaluate("""() => Array.from(document.querySelectorAll(
