@@ -14,7 +14,10 @@ a lower expected cross-entropy per token, so $h$ is the floor for the
 validation loss of a language model trained on this process.
 
 The recipe :func:`train_synthetic_lm` trains chapter 7's decoder-only
-model on it with the one loop of :mod:`course_lib.training`.
+model on it with the one loop of :mod:`course_lib.training`;
+:func:`load_synthetic_lm` loads the model it trains with its defaults, as
+committed by ``make checkpoints``, for chapter 8 (chapter 7 checks that the
+two agree).
 
 Shape letters: B batch, T sequence length, V vocabulary (number of
 symbols), C number of contexts ($V^k$).
@@ -24,7 +27,8 @@ Introduced in chapter 7.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -37,7 +41,8 @@ from .validation import check_int, check_type
 
 __all__ = ["MarkovSource", "random_markov_source", "stationary_distribution",
            "entropy_rate", "sample_markov", "token_nll", "lm_batches",
-           "LMRun", "train_synthetic_lm"]
+           "LMRun", "train_synthetic_lm", "SYNTHETIC_LM_PATH",
+           "save_synthetic_lm", "load_synthetic_lm"]
 
 
 # ------------------------------------------------------ synthetic language
@@ -266,6 +271,16 @@ class LMRun(NamedTuple):
     val_floor: float                 # true -log p on val_batch's targets
 
 
+def _synthetic_language(length: int) -> tuple[MarkovSource, tuple, float]:
+    """Chapter 7's language, its validation batch and the true loss on it."""
+    source = random_markov_source(vocab_size=16, order=2, branching=3,
+                                  seed=0)
+    val = next(lm_batches(source, batch_size=128, length=length,
+                          seed=10_000))
+    full = torch.cat([val[0], val[1][:, -1:]], dim=1)     # (B, T + 1)
+    return source, val, token_nll(source, full).mean().item()
+
+
 def train_synthetic_lm(*, seed: int = 0, steps: int = 300,
                        batch_size: int = 32, length: int = 64,
                        lr: float = 1e-2, warmup_steps: int = 30,
@@ -281,12 +296,7 @@ def train_synthetic_lm(*, seed: int = 0, steps: int = 300,
 
     Introduced in chapter 7.
     """
-    source = random_markov_source(vocab_size=16, order=2, branching=3,
-                                  seed=0)
-    val = next(lm_batches(source, batch_size=128, length=length,
-                          seed=10_000))
-    full = torch.cat([val[0], val[1][:, -1:]], dim=1)     # (B, T + 1)
-    val_floor = token_nll(source, full).mean().item()
+    source, val, val_floor = _synthetic_language(length)
     torch.manual_seed(seed)
     model = DecoderLM(DecoderLMConfig(
         vocab_size=16, d_model=64, n_heads=4, n_layers=2, max_len=length))
@@ -297,4 +307,38 @@ def train_synthetic_lm(*, seed: int = 0, steps: int = 300,
                     eval_fn=lambda m: next_token_loss(m, val).item(),
                     eval_every=eval_every, seed=seed, progress=progress)
     return LMRun(model.eval(), history, source, val,
+                 entropy_rate(source), val_floor)
+
+
+# ---------------------------------------------------- the committed checkpoint
+SYNTHETIC_LM_PATH = Path(__file__).parent / "data" / "synthetic_lm.pt"
+
+
+def save_synthetic_lm(run: LMRun, path=SYNTHETIC_LM_PATH) -> None:
+    """Write a run of :func:`train_synthetic_lm` (float32 weights, config,
+    history) for :func:`load_synthetic_lm` (``make checkpoints``)."""
+    check_type("run", run, LMRun, "an LMRun from train_synthetic_lm")
+    torch.save({"config": asdict(run.model.config),
+                "weights": run.model.state_dict(),
+                "history": asdict(run.history)}, path)
+
+
+def load_synthetic_lm(path=SYNTHETIC_LM_PATH) -> LMRun:
+    """The model ``train_synthetic_lm(seed=0)`` trains, as committed.
+
+    Returns the same :class:`LMRun` as the recipe: the model (float32, eval
+    mode) and its training history from the file; the language, the
+    validation batch and the floors rebuilt as the recipe builds them.
+
+    Introduced in chapter 8.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"path must be an existing synthetic-LM checkpoint, "
+                         f"got {str(path)!r} (run `make checkpoints`)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model = DecoderLM(DecoderLMConfig(**state["config"]))
+    model.load_state_dict(state["weights"])
+    source, val, val_floor = _synthetic_language(model.config.max_len)
+    return LMRun(model.eval(), History(**state["history"]), source, val,
                  entropy_rate(source), val_floor)

@@ -1,0 +1,35 @@
+"""Train and commit chapter 7's synthetic-language model: `make checkpoints`.
+
+Runs ``course_lib.markov.train_synthetic_lm(seed=0)``, the recipe chapter 7
+trains in the notebook (seeded; the training loop runs on one torch
+thread), and writes it to ``course_lib/data/synthetic_lm.pt`` (float32
+weights, config, history: about 0.4 MB), which chapter 8 loads with
+``load_synthetic_lm`` instead of training it a second time. Chapter 7
+compares its own freshly trained model with this file, so a stale file
+shows up there (and fails nbval).
+
+Usage: ``python scripts/save_synthetic_lm.py [--out PATH]``.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from course_lib import markov as Mk
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Mk.SYNTHETIC_LM_PATH)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    run = Mk.train_synthetic_lm(seed=0)
+    Mk.save_synthetic_lm(run, args.out)
+    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.2f} MB) after "
+          f"{time.perf_counter() - start:.1f} s; validation loss "
+          f"{run.history.val_loss[-1]:.4f} nats")
+
+
+if __name__ == "__main__":
+    main()
