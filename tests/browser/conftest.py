@@ -102,22 +102,36 @@ def site():
         yield server
 
 
-# -- one page, loaded once, for the checks that only read it -----------------
+# -- one load of a page per viewport, shared by the tests of that page ------
 # Most tests are parametrized by a page of the book (``rel``, or a
-# ``chapter`` name). Each test that changes the page (clicks, typing, Tab,
-# dark colour scheme) loads its own; the checks that only read a freshly
-# loaded page share one load of it per viewport: ``fresh_page`` at
-# 1280 x 900 (Colab links, hidden exercise source, formulas as Tab stops,
-# the axe-core scan, explorer text on a desktop) and ``fresh_phone`` at
-# 390 x 844 (sideways scrolling, explorer text on a phone).
-# ``pytest_collection_modifyitems`` puts a page's read-only tests next to
-# each other, so a worker that receives them together (pytest-xdist hands
-# out runs of consecutive tests) loads that page once per viewport for
-# all of them; at worst, one load per test, as before.
-# (An xdist group would pin them to one worker, but pytest-xdist 3.8's
-# ``--dist loadgroup`` has no effect under pytest 9: it renames
-# ``item._nodeid``, which pytest 9 no longer reads.)
+# ``chapter`` name). Loading a chapter costs its renderer about a second of
+# CPU (more on a busy machine), so the tests of one page share one load of
+# it per viewport:
+#
+# - ``fresh_page(rel)`` (1280 x 900) and ``fresh_phone(rel)`` (390 x 844):
+#   the page exactly as loaded, for checks that only read it (Colab links,
+#   hidden exercise source, formulas as Tab stops, the axe-core scan,
+#   explorer text, sideways scrolling);
+# - ``used_page(rel)`` (1280 x 900): the same load, for checks that type,
+#   click and press keys (rendered feedback, Enter, the Tab walk, dark
+#   mode). Such a test may find the page after another one of them, so it
+#   must not depend on the state they leave (it clears a field before
+#   typing, starts its Tab walk from the top, restores the colour scheme
+#   it sets).
+#
+# Once a page has been used, the next ``fresh_page`` of it loads it again:
+# a read-only check always sees the page as loaded.
+# ``pytest_collection_modifyitems`` puts a page's tests next to each
+# other, read-only ones first, so a worker that receives them together
+# (pytest-xdist hands out runs of consecutive tests) loads the page once
+# per viewport for all of them; at worst, one load per test, as before.
+# The audit (``test_page_has_no_problems``) keeps its own load: it listens
+# to every request from the start.
+# (An xdist group would pin a page's tests to one worker, but
+# pytest-xdist 3.8's ``--dist loadgroup`` has no effect under pytest 9: it
+# renames ``item._nodeid``, which pytest 9 no longer reads.)
 READ_ONLY_FIXTURES = ("fresh_page", "fresh_phone")
+SHARED_FIXTURES = READ_ONLY_FIXTURES + ("used_page",)
 VIEWPORTS = {"desktop": {"width": 1280, "height": 900},
              "phone": {"width": 390, "height": 844}}
 
@@ -137,36 +151,42 @@ def pytest_collection_modifyitems(config, items):
     keys = []
     for i, item in enumerate(items):
         fixtures = getattr(item, "fixturenames", ())
-        read_only = any(f in fixtures for f in READ_ONLY_FIXTURES)
-        rel = page_of(item) if read_only else None
-        if rel is not None:
-            first.setdefault(rel, i)
-        keys.append((first[rel] if rel is not None else i, i))
+        shared = any(f in fixtures for f in SHARED_FIXTURES)
+        rel = page_of(item) if shared else None
+        if rel is None:
+            keys.append((i, 0, i))
+            continue
+        first.setdefault(rel, i)
+        keys.append((first[rel], "used_page" in fixtures, i))
     order = sorted(range(len(items)), key=keys.__getitem__)
     items[:] = [items[i] for i in order]
 
 
 class _PageCache:
-    """The last page loaded read-only, in its own context, per viewport."""
+    """The last page loaded, in its own context, per viewport; ``used``
+    once a test has interacted with it."""
 
     def __init__(self, browser):
         self.browser = browser
-        self.loaded: dict[str, tuple] = {}   # viewport -> (url, context, page)
+        self.loaded: dict[str, dict] = {}    # viewport -> url, context, page
 
-    def get(self, url: str, viewport: str, opener):
-        url_now, _, page = self.loaded.get(viewport, (None, None, None))
-        if url != url_now:
+    def get(self, url: str, viewport: str, opener, *, use: bool = False):
+        entry = self.loaded.get(viewport)
+        if entry is None or entry["url"] != url or (
+                entry["used"] and not use):
             self.close(viewport)
             context = self.browser.new_context(viewport=VIEWPORTS[viewport])
             page = context.new_page()
             opener(page, url)
-            self.loaded[viewport] = (url, context, page)
-        return page
+            entry = self.loaded[viewport] = {
+                "url": url, "context": context, "page": page, "used": False}
+        entry["used"] |= use
+        return entry["page"]
 
     def close(self, viewport: str | None = None):
         for vp in [viewport] if viewport else list(self.loaded):
             if vp in self.loaded:
-                self.loaded.pop(vp)[1].close()
+                self.loaded.pop(vp)["context"].close()
 
 
 @pytest.fixture(scope="session")
@@ -190,3 +210,11 @@ def fresh_phone(_page_cache, site):
     """``fresh_phone(rel)``: as ``fresh_page``, at 390 x 844 (a phone)."""
     return lambda rel: _page_cache.get(f"{site.url}/{rel}", "phone",
                                        open_page)
+
+
+@pytest.fixture()
+def used_page(_page_cache, site):
+    """``used_page(rel)``: the page ``rel`` at 1280 x 900, loaded once for
+    the tests of that page that interact with it (see above)."""
+    return lambda rel: _page_cache.get(f"{site.url}/{rel}", "desktop",
+                                       open_page, use=True)

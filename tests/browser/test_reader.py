@@ -23,7 +23,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, new_page, open_page, settle_math
+from conftest import ROOT, open_page, settle_math
 from test_pages import CHAPTERS, PAGES
 
 pytestmark = pytest.mark.browser
@@ -90,8 +90,8 @@ def check_and_read(page, root) -> str:
 
 # -- 1. rendered TeX and Markdown ---------------------------------------------
 @pytest.mark.parametrize("rel", CHAPTER_PAGES)
-def test_exercise_text_and_feedback_are_rendered(site, page, rel):
-    open_page(page, f"{site.url}/{rel}")
+def test_exercise_text_and_feedback_are_rendered(used_page, rel):
+    page = used_page(rel)
     found = []
     roots = page.locator(".ti-exercise")
     assert roots.count() > 0, "no exercise on the page"
@@ -133,14 +133,15 @@ def accessible_name(locator) -> str:
 
 
 @pytest.mark.parametrize("rel", CHAPTER_PAGES)
-def test_enter_checks_and_every_input_names_its_exercise(site, page, rel):
-    open_page(page, f"{site.url}/{rel}")
+def test_enter_checks_and_every_input_names_its_exercise(used_page, rel):
+    page = used_page(rel)
     names = []
     for key, root in exercises(page, "numeric"):
         field = root.locator(".ti-answer")
         name = accessible_name(field)
         assert key in name, f"{key}: answer field named {name!r}"
         names.append(name)
+        field.fill("")                      # another test may have typed
         field.focus()
         page.keyboard.type(repr(exercise_data(root)["answer"]))
         page.keyboard.press("Enter")
@@ -187,12 +188,12 @@ TAB_BATCH = 20        # Tab presses between reads of the focus log
 
 
 @pytest.mark.parametrize("rel", CHAPTER_PAGES)
-def test_keyboard_alone_uses_every_explorer_and_exercise(site, page, rel):
+def test_keyboard_alone_uses_every_explorer_and_exercise(used_page, rel):
     """Tab from the top of the page reaches every slider, answer field,
     option group and Check button, and never stops on a formula; the
     arrow keys change a slider's frame, every slider announces the value
     it shows (``aria-valuetext``) and Enter checks an answer."""
-    open_page(page, f"{site.url}/{rel}")
+    page = used_page(rel)
     wanted = page.evaluate("""() => {
         const ids = [];
         document.querySelectorAll('.ti-explorer input[type=range], '
@@ -218,8 +219,12 @@ def test_keyboard_alone_uses_every_explorer_and_exercise(site, page, rel):
                 !!m && !(a === m && m.scrollWidth > m.clientWidth)]); },
             true); }""")
     seen, formula_stops, done, read = set(), 0, False, 0
-    page.locator("body").focus()
-    page.evaluate("() => { window.__tabStops = []; }")  # body's own focus
+    # Start from the top, wherever earlier tests of this page left the
+    # focus: focusing <body> moves the point the next Tab starts from.
+    page.evaluate("""() => { window.scrollTo(0, 0);
+        const b = document.body; b.setAttribute('tabindex', '-1');
+        b.focus(); b.removeAttribute('tabindex');
+        window.__tabStops = []; }""")
     for presses in range(1, TAB_LIMIT + 1):
         page.keyboard.press("Tab")
         if presses % TAB_BATCH and presses < TAB_LIMIT:
@@ -316,15 +321,28 @@ CONTRAST_JS = """(el) => {
 
 
 @pytest.fixture()
-def dark(browser):
-    yield from new_page(browser, viewport={"width": 1280, "height": 900},
-                        color_scheme="dark")
+def dark(used_page):
+    """``dark(rel)``: the shared page of ``rel`` with the reader's system
+    set to dark (the theme follows ``prefers-color-scheme`` as it
+    changes); set back to light afterwards."""
+    pages = []
+
+    def open_dark(rel):
+        page = used_page(rel)
+        pages.append(page)
+        page.emulate_media(color_scheme="dark")
+        page.wait_for_function(
+            "() => document.documentElement.dataset.theme === 'dark'")
+        return page
+
+    yield open_dark
+    for page in pages:
+        page.emulate_media(color_scheme="light")
 
 
 @pytest.mark.parametrize("rel", CHAPTER_PAGES)
-def test_exercises_are_readable_in_dark_mode(site, dark, rel):
-    page = dark
-    open_page(page, f"{site.url}/{rel}")
+def test_exercises_are_readable_in_dark_mode(dark, rel):
+    page = dark(rel)
     assert page.evaluate(
         "() => document.documentElement.dataset.theme") == "dark"
     low = []
