@@ -115,7 +115,7 @@ bench: $(STAMP)
 # Chapter 7's character model of the Python manual, committed as
 # course_lib/data/char_lm_pydoc.pt (seeded, one torch thread); also writes
 # its line in benchmarks/results.md. Then chapter 7's synthetic-language
-# model, course_lib/data/synthetic_lm.pt, which chapter 8 loads.
+# model, course_lib/data/synthetic_lm.pt, which chapters 7 and 8 load.
 checkpoints: $(STAMP)
 	$(BIN)/python scripts/train_char_lm.py
 	$(BIN)/python scripts/save_synthetic_lm.py

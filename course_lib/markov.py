@@ -16,8 +16,8 @@ validation loss of a language model trained on this process.
 The recipe :func:`train_synthetic_lm` trains chapter 7's decoder-only
 model on it with the one loop of :mod:`course_lib.training`;
 :func:`load_synthetic_lm` loads the model it trains with its defaults, as
-committed by ``make checkpoints``, for chapter 8 (chapter 7 checks that the
-two agree).
+committed by ``make checkpoints``, for chapters 7 and 8 (a unit test
+checks that the two agree).
 
 Shape letters: B batch, T sequence length, V vocabulary (number of
 symbols), C number of contexts ($V^k$).
@@ -330,7 +330,7 @@ def load_synthetic_lm(path=SYNTHETIC_LM_PATH) -> LMRun:
     mode) and its training history from the file; the language, the
     validation batch and the floors rebuilt as the recipe builds them.
 
-    Introduced in chapter 8.
+    Introduced in chapter 7.
     """
     path = Path(path)
     if not path.is_file():

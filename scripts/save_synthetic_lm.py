@@ -1,12 +1,12 @@
 """Train and commit chapter 7's synthetic-language model: `make checkpoints`.
 
-Runs ``course_lib.markov.train_synthetic_lm(seed=0)``, the recipe chapter 7
-trains in the notebook (seeded; the training loop runs on one torch
-thread), and writes it to ``course_lib/data/synthetic_lm.pt`` (float32
-weights, config, history: about 0.4 MB), which chapter 8 loads with
-``load_synthetic_lm`` instead of training it a second time. Chapter 7
-compares its own freshly trained model with this file, so a stale file
-shows up there (and fails nbval).
+Runs ``course_lib.markov.train_synthetic_lm(seed=0)`` (seeded; the
+training loop runs on one torch thread) and writes it to
+``course_lib/data/synthetic_lm.pt`` (float32 weights, config, history:
+about 0.4 MB), which chapters 7 and 8 load with ``load_synthetic_lm``
+instead of training it. A unit test
+(``test_committed_synthetic_lm_is_what_the_recipe_trains_now``) runs the
+recipe and compares, so a stale file fails ``make test``.
 
 Usage: ``python scripts/save_synthetic_lm.py [--out PATH]``.
 """
