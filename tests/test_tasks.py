@@ -209,7 +209,7 @@ def test_markov_bad_inputs(source):
         Mk.token_nll(source, torch.zeros(2, 2, dtype=torch.long))
 
 
-# -- chapter 7's synthetic-language model, as committed for chapter 8 --------
+# -- chapter 7's synthetic-language model, as committed for chapters 7-8 ---
 def test_committed_synthetic_lm_is_the_recipe_model_and_scores_as_recorded():
     """load_synthetic_lm: the recipe's architecture and language, and a
     fresh evaluation of the loaded weights on the rebuilt validation batch
