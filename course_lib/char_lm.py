@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .decoder_lm import DecoderLM, DecoderLMConfig
 from .text_corpus import CharVocab, char_batches, load_pydoc_corpus
-from .training import History, train
+from .training import History, read_state_file, train
 from .validation import check_int, check_real, check_type
 
 __all__ = ["CHECKPOINT_PATH", "MODEL_CONFIG", "TRAIN_SETTINGS",
@@ -179,11 +179,8 @@ def save_char_lm(path, model: DecoderLM, info: dict) -> None:
 
 
 def _load_file(path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"path must be an existing char-LM checkpoint, "
-                         f"got {str(path)!r} (run `make checkpoints`)")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return read_state_file(path, "char-LM checkpoint",
+                           " (run `make checkpoints`)")
 
 
 def load_char_lm(path=CHECKPOINT_PATH) -> tuple[DecoderLM, CharVocab]:

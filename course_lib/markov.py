@@ -36,7 +36,7 @@ from torch import nn
 
 from .decoder_lm import DecoderLM, DecoderLMConfig
 from .special_tokens import IGNORE
-from .training import History, next_token_loss, train
+from .training import History, next_token_loss, read_state_file, train
 from .validation import check_int, check_type
 
 __all__ = ["MarkovSource", "random_markov_source", "stationary_distribution",
@@ -332,11 +332,8 @@ def load_synthetic_lm(path=SYNTHETIC_LM_PATH) -> LMRun:
 
     Introduced in chapter 7.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"path must be an existing synthetic-LM checkpoint, "
-                         f"got {str(path)!r} (run `make checkpoints`)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_state_file(path, "synthetic-LM checkpoint",
+                            " (run `make checkpoints`)")
     model = DecoderLM(DecoderLMConfig(**state["config"]))
     model.load_state_dict(state["weights"])
     source, val, val_floor = _synthetic_language(model.config.max_len)

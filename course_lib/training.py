@@ -47,7 +47,8 @@ from .threads import small_ops
 from .validation import check_batch, check_int, check_real, check_type
 
 __all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History",
-           "train", "evaluate", "save_checkpoint", "load_checkpoint"]
+           "train", "evaluate", "save_checkpoint", "load_checkpoint",
+           "read_state_file"]
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int,
@@ -320,6 +321,21 @@ def _loadable(value) -> bool:
     return False
 
 
+def read_state_file(path, what: str, hint: str = "") -> dict:
+    """The dict that ``torch.save`` wrote to ``path`` (tensors on the CPU,
+    ``weights_only``), or a ``ValueError`` naming ``what`` was expected
+    there (``hint``: what to do about it, appended to the message). Used
+    by every checkpoint loader of the course.
+
+    Introduced in chapter 7.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"path must be an existing {what}, got "
+                         f"{str(path)!r}{hint}")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def load_checkpoint(path, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, *,
                     restore_rng: bool = True) -> dict:
@@ -336,11 +352,7 @@ def load_checkpoint(path, model: nn.Module,
 
     Introduced in chapter 7.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"path must be an existing checkpoint file, got "
-                         f"{str(path)!r}")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_state_file(path, "checkpoint file")
     model.load_state_dict(state["model"])
     if optimizer is not None:
         if state["optimizer"] is None:

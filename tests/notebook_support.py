@@ -1,5 +1,6 @@
 """Reading the book's notebooks from tests: the source of the one cell that
-builds an exercise (tests that run a chapter's exercise outside Jupyter)."""
+builds an exercise (tests that run a chapter's exercise outside Jupyter),
+and every text of the book with where it is (prose checks)."""
 import json
 import pathlib
 
@@ -12,3 +13,15 @@ def exercise_cell(notebook: str, key: str) -> str:
     found = [c for c in cells if f'key="{key}"' in "".join(c["source"])]
     assert len(found) == 1, f"{notebook}: no single cell with {key!r}"
     return "".join(found[0]["source"])
+
+
+def book_texts(cell_type: str | None = None):
+    """``(where, text)`` for every cell of every chapter notebook (only
+    cells of ``cell_type``, e.g. ``"markdown"``, if given), then every
+    ``book/*.md`` page."""
+    for path in sorted(BOOK.glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell_type in (None, cell["cell_type"]):
+                yield f"{path.name} cell {i}", "".join(cell["source"])
+    for path in sorted(BOOK.glob("*.md")):
+        yield path.name, path.read_text()

@@ -9,13 +9,12 @@ chapter's markdown or in the strings of its code cells (exercise
 feedback), except where the sentence is about a paper or report, whose
 sections are fixed ("the DeepSeek-V3 report, section 2.1.2").
 """
-import json
-import pathlib
 import re
 
 import pytest
 
-BOOK = pathlib.Path(__file__).resolve().parent.parent / "book"
+from notebook_support import book_texts
+
 SECTION_NUMBER = re.compile(
     r"(?:\b[Ss]ections?|\b[Ss]ecs?\.|§)\s*\d+(?:\.\d+)*"
     r"|\b[Cc]hapters?\s+\d+\.\d+")
@@ -48,15 +47,7 @@ def test_checker_catches_book_sections_and_spares_papers():
     assert hard_coded_refs("see {ref}`ch05-symmetry`") == []
 
 
-def _sources():
-    for path in sorted(BOOK.glob("*.ipynb")):
-        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
-            yield f"{path.name} cell {i}", "".join(cell["source"])
-    for path in sorted(BOOK.glob("*.md")):
-        yield path.name, path.read_text()
-
-
-@pytest.mark.parametrize("where,text", list(_sources()),
+@pytest.mark.parametrize("where,text", list(book_texts()),
                          ids=lambda v: v if isinstance(v, str)
                          and len(v) < 60 else "")
 def test_no_hard_coded_section_numbers(where, text):

@@ -8,11 +8,10 @@ gets raw TeX and a stray bullet (chapter 1's learning goals showed
 does not warn about it. This test finds such lines; the fix is to move
 the operator to the end of the previous line.
 """
-import json
-import pathlib
 import re
 
-BOOK = pathlib.Path(__file__).resolve().parent.parent / "book"
+from notebook_support import book_texts
+
 LIST_START = re.compile(r"\s*(?:[-+*]|\d+[.)])\s")
 
 
@@ -45,16 +44,7 @@ def test_checker_finds_a_wrapped_formula_read_as_a_list():
     assert broken_formulas("```\nx = $a\n- b\n```") == []
 
 
-def _markdown():
-    for path in sorted(BOOK.glob("*.ipynb")):
-        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
-            if cell["cell_type"] == "markdown":
-                yield f"{path.name} cell {i}", "".join(cell["source"])
-    for path in sorted(BOOK.glob("*.md")):
-        yield path.name, path.read_text()
-
-
 def test_no_formula_is_split_by_a_list_marker():
-    problems = [f"{where}: {line!r}" for where, text in _markdown()
+    problems = [f"{where}: {line!r}" for where, text in book_texts("markdown")
                 for line in broken_formulas(text)]
     assert not problems, "\n".join(problems)
