@@ -36,7 +36,8 @@ from .timing import best_time
 from .validation import (broadcasts_to, check_bool_mask, check_int,
                          check_lengths, check_real)
 
-__all__ = ["scaled_dot_product_attention", "softmax_jacobian",
+__all__ = ["scaled_dot_product_attention", "fused_attention",
+           "softmax_jacobian",
            "score_variance_mc", "saturation_stats", "SaturationStats",
            "attention_weights_bytes", "time_attention", "AttentionTiming",
            "profile_fused_attention"]
@@ -82,17 +83,17 @@ def _check_inputs(q, k, v, mask, scale) -> float:
 # ------------------------------------------------------------ attention
 def scaled_dot_product_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        mask: torch.Tensor | None = None, *, scale: float | None = None,
-        return_weights: bool = False, fused: bool = False):
-    r"""$\mathrm{softmax}(QK^\top s + M)\,V$ with $s = 1/\sqrt{d_k}$.
+        mask: torch.Tensor | None = None, *, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""$\mathrm{softmax}(QK^\top s + M)\,V$ with $s = 1/\sqrt{d_k}$, and
+    the weights $A = \mathrm{softmax}(QK^\top s + M)$.
 
-    The explicit path writes out every step: scores $S = QK^\top s$,
-    disallowed entries set to $-\infty$ (so $e^{-\infty} = 0$ removes
-    them from the softmax), row-wise softmax $A$, then $AV$. A query row
-    with no allowed key would be $0/0$; it returns zero weights and a
-    zero output instead of NaN. ``fused=True`` calls
-    ``torch.nn.functional.scaled_dot_product_attention`` (same result up
-    to rounding, no weights; fully masked rows are zeroed too).
+    Every step is written out: scores $S = QK^\top s$, disallowed
+    entries set to $-\infty$ (so $e^{-\infty} = 0$ removes them from the
+    softmax), row-wise softmax $A$, then $AV$. A query row with no
+    allowed key would be $0/0$; it gets zero weights and a zero output
+    instead of NaN. :func:`fused_attention` computes the same output in
+    torch's fused kernel, which never forms $A$.
 
     Args:
         q, k, v: queries (..., Lq, d_k), keys (..., Lk, d_k), values
@@ -100,26 +101,17 @@ def scaled_dot_product_attention(
         mask: None, or bool tensor broadcastable to (..., Lq, Lk),
             True where query i may attend to key j.
         scale: multiplier $s$ of the scores; default $1/\sqrt{d_k}$.
-        return_weights: also return the attention weights $A$.
-        fused: use torch's fused kernel (no weights available).
     Returns:
-        out (..., Lq, d_v), or (out, weights (..., Lq, Lk)).
+        ``(out, weights)``: out (..., Lq, d_v) and the attention weights
+        $A$ (..., Lq, Lk).
 
     Introduced in chapter 3.
     """
     scale = _check_inputs(q, k, v, mask, scale)
-    if fused and return_weights:
-        raise ValueError("return_weights=True needs the explicit path, got "
-                         "fused=True (the fused kernel keeps no weights)")
     # A row with no allowed key: let it attend everywhere (finite softmax,
     # finite gradients) and zero it afterwards.
     has_key = None if mask is None else mask.any(dim=-1, keepdim=True)
     safe_mask = None if mask is None else mask | ~has_key  # (..., Lq, Lk)
-    if fused:
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=safe_mask, scale=scale)     # (..., Lq, d_v)
-        return out if has_key is None else out * has_key
-
     # 1) Scores S = Q K^T s (scaling q first costs Lq*d_k, not Lq*Lk),
     #    in float32 for half-precision q, k: scores can pass fp16's 65504.
     if q.element_size() < 4:
@@ -134,7 +126,56 @@ def scaled_dot_product_attention(
         weights = weights * has_key                        # zero dead rows
     # 4) out = A V: each output row is a weighted average of value rows.
     out = weights @ v                                      # (..., Lq, d_v)
-    return (out, weights) if return_weights else out
+    return out, weights
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None = None, *,
+                    scale: float | None = None,
+                    enable_gqa: bool = False) -> torch.Tensor:
+    r"""The output of :func:`scaled_dot_product_attention` from torch's
+    fused kernel (``torch.nn.functional.scaled_dot_product_attention``).
+
+    The kernel works block by block and never holds the (..., Lq, Lk)
+    weights, so it returns the output only. The same results up to
+    rounding, fully masked query rows zeroed as well.
+
+    Args:
+        q, k, v, mask, scale: as :func:`scaled_dot_product_attention`.
+        enable_gqa: q (B, H, Lq, d_k) with k, v (B, G, Lk, d) and H a
+            multiple of G: each K/V head serves H/G query heads inside
+            the kernel, without copies (chapter 5's GQA).
+    Returns:
+        out (..., Lq, d_v).
+
+    Introduced in chapter 3.
+    """
+    if not isinstance(enable_gqa, bool):
+        raise ValueError(f"enable_gqa must be a bool, got {enable_gqa!r}")
+    if enable_gqa:
+        shapes_ok = all(isinstance(t, torch.Tensor) and t.dim() == 4
+                        for t in (q, k)) and k.shape[1] >= 1 \
+            and q.shape[1] % k.shape[1] == 0
+        if not shapes_ok:
+            raise ValueError(
+                f"enable_gqa=True needs q (B, H, Lq, d_k) and k (B, G, Lk, "
+                f"d_k) with H a multiple of G, got q "
+                f"{tuple(getattr(q, 'shape', ()))!r:.60}, k "
+                f"{tuple(getattr(k, 'shape', ()))!r:.60}")
+        # check the rest as for k, v repeated to H heads (views, no copy)
+        H = q.shape[1]
+        scale = _check_inputs(q, k[:, :1].expand(-1, H, -1, -1),
+                              v[:, :1].expand(-1, H, -1, -1), mask, scale)
+    else:
+        scale = _check_inputs(q, k, v, mask, scale)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale,
+                                              enable_gqa=enable_gqa)
+    has_key = mask.any(dim=-1, keepdim=True)               # (..., Lq, 1)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask | ~has_key, scale=scale,
+        enable_gqa=enable_gqa)                             # (..., Lq, d_v)
+    return out * has_key
 
 
 # ------------------------------------------------------------ the L x L cost
@@ -202,12 +243,11 @@ def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
         # j <= i: the lower triangle (chapter 4's causal_mask)
         mask = torch.ones(L, L, dtype=torch.bool).tril() if causal else None
         with torch.inference_mode():
-            _, w = scaled_dot_product_attention(q, k, v, mask,
-                                                return_weights=True)
+            _, w = scaled_dot_product_attention(q, k, v, mask)
             nbytes = w.element_size() * w.nelement()
             del w                                 # free (B, H, L, L) first
-            times = [best_time(lambda f=f: scaled_dot_product_attention(
-                q, k, v, mask, fused=f), repeats) for f in (False, True)]
+            times = [best_time(lambda f=f: f(q, k, v, mask), repeats)
+                     for f in (scaled_dot_product_attention, fused_attention)]
         rows.append(AttentionTiming(L, *times, nbytes))
     return rows
 

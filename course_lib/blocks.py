@@ -100,31 +100,39 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor,
                 tgt_mask: torch.Tensor | None = None,
-                memory_mask: torch.Tensor | None = None, *,
-                return_weights: bool = False):
-        """One decoder layer.
+                memory_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One decoder layer: ``(B, T, D)`` states in, ``(B, T, D)`` out.
 
         Args:
             x: ``(B, T, D)`` decoder states. memory: ``(B, S, D)``, the
                 encoder output $H_E^N$.
             tgt_mask: bool (T, T) or (B, T, T): causal (AND padding).
             memory_mask: bool, usually the source padding mask (B, 1, S).
-            return_weights: also return the cross-attention weights.
 
-        Returns:
-            ``(B, T, D)``, and with ``return_weights`` the cross-attention
-            weights ``(B, H, T, S)``.
+        :meth:`forward_with_weights` returns the cross-attention weights
+        too.
         """
+        x, _ = self.forward_with_weights(x, memory, tgt_mask, memory_mask)
+        return x                                             # (B, T, D)
+
+    def forward_with_weights(
+            self, x: torch.Tensor, memory: torch.Tensor,
+            tgt_mask: torch.Tensor | None = None,
+            memory_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, and the cross-attention weights ``(B, H, T,
+        S)``: row $t$ of head $i$ says which source positions target
+        position $t$ read."""
         # 1) A = LN(X + Drop(MaskedMHA(X, X, X)))
         x = self.norm1(x + self.dropout1(self.self_attn(x, mask=tgt_mask)))
         # 2) C = LN(A + Drop(MHA(A, H_E, H_E))): Q from the decoder,
         #    K and V from the encoder output.
-        c, w = self.cross_attn(x, memory_mask, context=memory,
-                               return_weights=True)          # (B, T, D)
+        c, w = self.cross_attn.forward_with_weights(
+            x, memory_mask, context=memory)                  # (B, T, D)
         x = self.norm2(x + self.dropout2(c))
         # 3) H' = LN(C + Drop(FFN(C)))
         x = self.norm3(x + self.dropout3(self.ffn(x)))       # (B, T, D)
-        return (x, w) if return_weights else x
+        return x, w
 
 
 class DecoderBlock(nn.Module):

@@ -191,7 +191,7 @@ class DecoderLM(nn.Module):
 
     def forward(self, idx: torch.Tensor,
                 positions: torch.Tensor | None = None, *,
-                cache: KVCache | None = None, return_aux: bool = False):
+                cache: KVCache | None = None) -> torch.Tensor:
         """idx (B, T) ids -> next-token logits (B, T, V).
 
         ``positions`` (T,): absolute positions, default $0..T-1$, or with
@@ -199,10 +199,18 @@ class DecoderLM(nn.Module):
         ``cache``: a :class:`~course_lib.kv_cache.KVCache` with one layer
         per block; the new keys/values are appended to it and the new
         queries attend to all $S$ cached + new positions (chapter 9).
-        ``return_aux``: also return the list of what the blocks' FFNs
-        returned besides their output (an MoE's routing information,
-        chapter 11); empty for dense FFNs.
+        :meth:`forward_with_aux` returns the FFNs' extra outputs too.
         """
+        logits, _ = self.forward_with_aux(idx, positions, cache=cache)
+        return logits                                        # (B, T, V)
+
+    def forward_with_aux(
+            self, idx: torch.Tensor, positions: torch.Tensor | None = None,
+            *, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, list]:
+        """:meth:`forward`, and the list of what the blocks' FFNs returned
+        besides their output: an MoE's routing information (chapter 11),
+        one entry per MoE block; empty for dense FFNs."""
         c = self.config
         check_token_ids("idx", idx, c.vocab_size, c.max_len)
         T = idx.shape[1]
@@ -222,8 +230,7 @@ class DecoderLM(nn.Module):
                          cache=None if cache is None else cache[i])
             if a is not None:
                 aux.append(a)
-        logits = self.lm_head(self.norm(h))                  # (B, T, V)
-        return (logits, aux) if return_aux else logits
+        return self.lm_head(self.norm(h)), aux               # (B, T, V)
 
 
 def decoder_lm_param_count(config: DecoderLMConfig) -> int:

@@ -126,10 +126,16 @@ class TinyAttentionModel(nn.Module):
         self.norm_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size)
 
-    def forward(self, tokens: torch.Tensor, return_weights: bool = False):
-        """Args: tokens ``(B, T)`` long. Returns logits ``(B, T, V)`` and,
-        with ``return_weights``, a list of N weight tensors ``(B, H, T, T)``.
-        """
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens ``(B, T)`` long -> logits ``(B, T, V)``."""
+        logits, _ = self.forward_with_weights(tokens)
+        return logits
+
+    def forward_with_weights(
+            self, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """:meth:`forward`, and the N layers' attention weights, a list
+        of ``(B, H, T, T)``."""
         if tokens.dim() != 2 or tokens.dtype != torch.long \
                 or not 1 <= tokens.shape[1] <= self.max_len:
             raise ValueError(
@@ -141,11 +147,11 @@ class TinyAttentionModel(nn.Module):
         mask = causal_mask(T, device=tokens.device)            # (T, T)
         all_weights = []
         for norm, attn in zip(self.norms, self.layers):
-            out, w = attn(norm(h), mask=mask, return_weights=True)
+            out, w = attn.forward_with_weights(norm(h), mask=mask)
             h = h + out                                        # residual
             all_weights.append(w)                              # (B, H, T, T)
         logits = self.lm_head(self.norm_f(h))                  # (B, T, V)
-        return (logits, all_weights) if return_weights else logits
+        return logits, all_weights
 
 
 def train_induction(model: TinyAttentionModel, *, steps: int,

@@ -4,7 +4,7 @@ A forward pass of a decoder-only model computes one attention matrix per
 layer and head, $A^{(\ell, i)} = \mathrm{softmax}(Q_i K_i^\top /
 \sqrt{d_k} + M)$, and throws it away. :func:`attention_maps` runs the
 same computation as :meth:`DecoderLM.forward` block by block, asks each
-block's attention for its weights (``return_weights=True``) on exactly
+block's attention for its weights (``forward_with_weights``) on exactly
 the input the block gives it, $\mathrm{Norm}_1(x)$, and keeps them. The
 rest of each block (residual, FFN) is the block's own code, so the
 hidden states, and the logits, are those of the model.
@@ -19,14 +19,15 @@ import torch
 
 from .decoder_lm import DecoderLM
 from .masking import causal_mask
+from .mha import MultiHeadAttention
 from .validation import check_token_ids
 
 __all__ = ["attention_maps"]
 
 
 @torch.no_grad()
-def attention_maps(model: DecoderLM, idx: torch.Tensor, *,
-                   return_logits: bool = False):
+def attention_maps(model: DecoderLM, idx: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Attention weights of every layer and head of ``model`` on ``idx``.
 
     Block $\ell$ computes $a = \mathrm{Attn}(\mathrm{Norm}_1(x))$, then
@@ -40,18 +41,17 @@ def attention_maps(model: DecoderLM, idx: torch.Tensor, *,
         model: a :class:`DecoderLM` with dense FFNs or MoE (dropout is
             off: the model should be in eval mode).
         idx: (B, T) token ids, no cache.
-        return_logits: also return the logits (B, T, V), equal to
-            ``model(idx)``.
 
     Returns:
-        (N, B, H, T, T) float tensor, and with ``return_logits`` the
-        tuple ``(maps, logits)``.
+        ``(maps, logits)``: the (N, B, H, T, T) weights and the logits
+        (B, T, V) of the same pass, equal to ``model(idx)``.
 
     Introduced in chapter 13.
     """
-    if not isinstance(model, DecoderLM):
-        raise ValueError(f"model must be a DecoderLM, got "
-                         f"{type(model).__name__}")
+    if not isinstance(model, DecoderLM) or not all(
+            isinstance(b.attention, MultiHeadAttention) for b in model.layers):
+        raise ValueError(f"model must be a DecoderLM with MultiHeadAttention "
+                         f"blocks, got {type(model).__name__}")
     c = model.config
     check_token_ids("idx", idx, c.vocab_size, c.max_len)
     T = idx.shape[1]
@@ -63,8 +63,8 @@ def attention_maps(model: DecoderLM, idx: torch.Tensor, *,
     maps = []
     for block in model.layers:
         # 1) the block's attention on its normed input, keeping weights
-        a, w = block.attention(block.norm1(x), mask, positions=positions,
-                               return_weights=True)  # (B,T,D), (B,H,T,T)
+        a, w = block.attention.forward_with_weights(
+            block.norm1(x), mask, positions=positions)  # (B,T,D), (B,H,T,T)
         maps.append(w)
         # 2) the rest of the block, as DecoderBlock.forward computes it
         x = x + block.dropout(a)                             # (B, T, D)
@@ -72,6 +72,4 @@ def attention_maps(model: DecoderLM, idx: torch.Tensor, *,
         f = f[0] if isinstance(f, tuple) else f              # MoE: (out, info)
         x = x + block.dropout(f)                             # (B, T, D)
     maps = torch.stack(maps)                                 # (N, B, H, T, T)
-    if return_logits:
-        return maps, model.lm_head(model.norm(x))            # (B, T, V)
-    return maps
+    return maps, model.lm_head(model.norm(x))                # (B, T, V)

@@ -41,10 +41,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .attention import scaled_dot_product_attention
+from .attention import fused_attention, scaled_dot_product_attention
 from .heads import (mask_to_4d, merge_heads, query_positions, repeat_kv,
                     split_heads)
 from .positional import RotaryEmbedding
@@ -185,8 +184,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 *, context: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None,
-                cache: LayerKVCache | None = None,
-                return_weights: bool = False):
+                cache: LayerKVCache | None = None) -> torch.Tensor:
         r"""Batched multi-head attention: all heads in one reshape.
 
         Args:
@@ -203,12 +201,36 @@ class MultiHeadAttention(nn.Module):
                 (G heads, before repetition, keys already rotated) are
                 appended and attention runs over all cached positions, so
                 $S$ = cached + $T$ (chapter 9).
-            return_weights: also return the attention weights.
 
         Returns:
-            ``(B, T, D)``, and with ``return_weights`` the weights
-            ``(B, H, T, S)``.
+            ``(B, T, D)``. :meth:`forward_with_weights` returns the
+            attention weights too.
         """
+        out, _ = self._attend(x, mask, context, positions, cache,
+                              need_weights=False)
+        return out                                           # (B, T, D)
+
+    def forward_with_weights(
+            self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
+            context: torch.Tensor | None = None,
+            positions: torch.Tensor | None = None,
+            cache: LayerKVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, and the attention weights it used.
+
+        Always the explicit path (the fused kernel never forms the
+        weights), so a ``fused`` module gives the same output up to
+        rounding.
+
+        Returns:
+            ``(out, weights)``: ``(B, T, D)`` and ``(B, H, T, S)``.
+        """
+        return self._attend(x, mask, context, positions, cache,
+                            need_weights=True)
+
+    def _attend(self, x, mask, context, positions, cache, *,
+                need_weights: bool):
+        """The steps of :meth:`forward`; weights None unless needed."""
         if cache is not None and context is not None:
             raise ValueError("cache is for self-attention: pass context="
                              "None with a cache")
@@ -233,37 +255,35 @@ class MultiHeadAttention(nn.Module):
             # KV cache: past keys/values + this call's (chapter 9).
             k, v = cache.update(k, v)                        # (B, G, S, d_k)
         mask = self._mask4d(mask, B, T, k.shape[2])
-        if self.fused and not return_weights:
+        if self.fused and not need_weights:
             # 4-5) in torch's kernel, K/V heads shared without copies
-            out, weights = _fused_gqa(q, k, v, mask), None   # (B, H, T, d_k)
+            out, weights = fused_attention(
+                q, k, v, mask, enable_gqa=G != H), None      # (B, H, T, d_k)
         else:
             # 4) GQA/MQA: each K/V head serves n_rep query heads.
             k = repeat_kv(k, self.n_rep)                     # (B, H, S, d_k)
             v = repeat_kv(v, self.n_rep)                     # (B, H, S, d_k)
             # 5) head_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i, every head.
-            out = scaled_dot_product_attention(
-                q, k, v, mask, return_weights=return_weights)
-            out, weights = out if return_weights else (out, None)
+            out, weights = scaled_dot_product_attention(q, k, v, mask)
         #    out (B, H, T, d_k), weights (B, H, T, S)
         # 6) Concat(head_1, ..., head_h): heads back next to each other.
         out = merge_heads(out)                               # (B, T, D)
         # 7) MultiHead = Concat(...) W^O
-        out = self.o_proj(out)                               # (B, T, D)
-        return (out, weights) if return_weights else out
+        return self.o_proj(out), weights                     # (B, T, D)
 
     def forward_loop(self, x: torch.Tensor,
                      mask: torch.Tensor | None = None, *,
                      context: torch.Tensor | None = None,
-                     positions: torch.Tensor | None = None,
-                     return_weights: bool = False):
+                     positions: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Reference form: one head at a time, exactly as the equation reads.
 
         Head $i$ uses its own slices $W_i^Q$, $W_i^K$, $W_i^V$ (columns
         $i d_k \dots (i+1) d_k - 1$ of $W^Q$, $W^K$, $W^V$; with GQA the K/V
         slice of group $\lfloor i / n_{\text{rep}} \rfloor$), and the head
         outputs are concatenated before $W^O$. Same arguments and results
-        as :meth:`forward` (no cache, no fused path); slower, for teaching
-        and tests.
+        as :meth:`forward_with_weights` (no cache): ``(out, weights)``;
+        slower, for teaching and tests.
         """
         context = self._inputs(x, context)
         B, T, D = x.shape
@@ -288,29 +308,12 @@ class MultiHeadAttention(nn.Module):
                     mask[:, i if mask.shape[1] > 1 else 0]   # (B|1, T|1, S)
             # head_i = Attention(X W_i^Q, C W_i^K, C W_i^V)
             h_i, w_i = scaled_dot_product_attention(
-                q_i, k_i, v_i, m_i, return_weights=True)     # (B, T, d_k)
+                q_i, k_i, v_i, m_i)                          # (B, T, d_k)
             heads.append(h_i)
             all_weights.append(w_i.expand(B, T, S))          # (B, T, S)
         # MultiHead = Concat(head_1, ..., head_h) W^O
         out = self.o_proj(torch.cat(heads, dim=-1))          # (B, T, D)
-        if return_weights:
-            return out, torch.stack(all_weights, dim=1)      # (B, H, T, S)
-        return out
-
-
-def _fused_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               mask: torch.Tensor | None) -> torch.Tensor:
-    """torch's fused attention; ``enable_gqa`` reads each of the G K/V
-    heads for its H/G query heads inside the kernel. q (B, H, T, d_k),
-    k and v (B, G, S, d_k) -> (B, H, T, d_k). A query row with no
-    allowed key gives zeros, as in chapter 3's function."""
-    gqa = q.shape[1] != k.shape[1]
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-    has_key = mask.any(dim=-1, keepdim=True)                 # (.., T, 1)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask | ~has_key, enable_gqa=gqa)  # (B, H, T, d_k)
-    return out * has_key
+        return out, torch.stack(all_weights, dim=1)          # (B, H, T, S)
 
 
 def _head_proj(layer: nn.Linear, rows: slice,

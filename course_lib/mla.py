@@ -200,7 +200,7 @@ class MultiHeadLatentAttention(nn.Module):
                           dim=-1)                            # (B, H, S, dqk)
             q = torch.cat([q_nope, q_rope], dim=-1)          # (B, H, T, dqk)
             # 8e) o_{t,i} = sum_j softmax_j(q.k / sqrt(dn + dr)) v^C_{j,i}
-            out = scaled_dot_product_attention(
+            out, _ = scaled_dot_product_attention(
                 q, k, v, mask, scale=self.scale)             # (B, H, T, dv)
         else:
             # 6a) q^C.(W^{UK} c) = (W^{UK,T} q^C).c : fold W^{UK} into q
@@ -210,7 +210,7 @@ class MultiHeadLatentAttention(nn.Module):
             q = torch.cat([q_lat, q_rope], dim=-1)           # (B, H, T, dc+dr)
             k = torch.cat([kv[:, None], k_rope], dim=-1)     # (B, 1, S, dc+dr)
             # 8a) sum_j a_{tj} c^KV_j: attention-weighted sum of latents
-            lat = scaled_dot_product_attention(
+            lat, _ = scaled_dot_product_attention(
                 q, k, kv[:, None], mask, scale=self.scale)   # (B, H, T, dc)
             # 9a) o_{t,i} = W^{UV}_i (sum_j a_{tj} c^KV_j)
             out = torch.einsum("bhtc,hvc->bhtv", lat, w_uv)  # (B, H, T, dv)

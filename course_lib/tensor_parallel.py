@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import scaled_dot_product_attention
+from .attention import fused_attention, scaled_dot_product_attention
 from .layers import SwiGLU
-from .mha import (MultiHeadAttention, _fused_gqa, mask_to_4d, merge_heads,
+from .mha import (MultiHeadAttention, mask_to_4d, merge_heads,
                   query_positions, repeat_kv, split_heads)
 from .collectives import (_need_group, _rank_and_size, copy_to_parallel,
                           reduce_from_parallel)
@@ -286,9 +286,9 @@ class TensorParallelAttention(nn.Module):
         mask = self._local_mask(mask, B, T, k.shape[2])
         # 3) attention on the rank's heads
         if self.fused:
-            out = _fused_gqa(q, k, v, mask)                  # (B, H_r, T, d_k)
+            out = fused_attention(q, k, v, mask, enable_gqa=self.n_rep > 1)
         else:
-            out = scaled_dot_product_attention(
+            out, _ = scaled_dot_product_attention(
                 q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
         # 4) sum_r Concat_{i in r}(head_i) W^O_r + b^O: one all-reduce
         return self.o_proj(merge_heads(out))                 # (B, T, D)

@@ -121,11 +121,20 @@ class Transformer(nn.Module):
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor,
                src_mask: torch.Tensor | None = None,
-               tgt_mask: torch.Tensor | None = None, *,
-               return_weights: bool = False):
+               tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
         """tgt_in (B, T) ids (BOS first) -> logits (B, T, V); tgt_mask
-        defaults to causal; ``return_weights`` adds the N cross-attention
-        weights (B, H, T, S) as a list."""
+        defaults to causal."""
+        logits, _ = self.decode_with_weights(tgt_in, memory, src_mask,
+                                             tgt_mask)
+        return logits                                        # (B, T, V)
+
+    def decode_with_weights(
+            self, tgt_in: torch.Tensor, memory: torch.Tensor,
+            src_mask: torch.Tensor | None = None,
+            tgt_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """:meth:`decode`, and the N layers' cross-attention weights, a
+        list of (B, H, T, S)."""
         c = self.config
         check_token_ids("tgt_in", tgt_in, c.tgt_vocab_size, c.max_len)
         if tgt_mask is None:
@@ -133,17 +142,25 @@ class Transformer(nn.Module):
         h = self._embed(tgt_in, self.tgt_embed)              # (B, T, D)
         weights = []
         for layer in self.decoder_layers:
-            h, w = layer(h, memory, tgt_mask, src_mask, return_weights=True)
+            h, w = layer.forward_with_weights(h, memory, tgt_mask, src_mask)
             weights.append(w)                                # (B, H, T, S)
-        logits = self.out_proj(h)                            # (B, T, V)
-        return (logits, weights) if return_weights else logits
+        return self.out_proj(h), weights                     # (B, T, V)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, *,
-                src_lengths=None, tgt_lengths=None,
-                return_weights: bool = False):
+                src_lengths=None, tgt_lengths=None) -> torch.Tensor:
         """Teacher-forced logits (B, T, V). src (B, S) ids; tgt_in (B, T)
         = BOS + target[:-1]; src_lengths, tgt_lengths: B ints (real tokens,
-        right-padded; None = no padding); return_weights as in decode."""
+        right-padded; None = no padding)."""
+        logits, _ = self.forward_with_weights(
+            src, tgt_in, src_lengths=src_lengths, tgt_lengths=tgt_lengths)
+        return logits                                        # (B, T, V)
+
+    def forward_with_weights(
+            self, src: torch.Tensor, tgt_in: torch.Tensor, *,
+            src_lengths=None, tgt_lengths=None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """:meth:`forward`, and the cross-attention weights as in
+        :meth:`decode_with_weights`."""
         src_mask = _padding(src_lengths, src, "src_lengths")  # (B, 1, S)
         T = tgt_in.shape[1]
         tgt_mask = causal_mask(T, device=tgt_in.device)      # (T, T)
@@ -151,8 +168,7 @@ class Transformer(nn.Module):
             tgt_mask = combine_masks(tgt_mask, _padding(
                 tgt_lengths, tgt_in, "tgt_lengths"))         # (B, T, T)
         memory = self.encode(src, src_mask)                  # (B, S, D)
-        return self.decode(tgt_in, memory, src_mask, tgt_mask,
-                           return_weights=return_weights)
+        return self.decode_with_weights(tgt_in, memory, src_mask, tgt_mask)
 
 
 def _padding(lengths, ids: torch.Tensor, name: str):

@@ -30,7 +30,7 @@ def _qkv(*batch, lq=5, lk=7, d_k=8, d_v=6, dtype=torch.float32):
 @pytest.mark.parametrize("batch", [(), (3,), (2, 4)])
 def test_matches_torch_without_mask(batch):
     q, k, v = _qkv(*batch)
-    out, w = A.scaled_dot_product_attention(q, k, v, return_weights=True)
+    out, w = A.scaled_dot_product_attention(q, k, v)
     ref = F.scaled_dot_product_attention(q, k, v)
     assert out.shape == (*batch, 5, 6) and w.shape == (*batch, 5, 7)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -38,7 +38,7 @@ def test_matches_torch_without_mask(batch):
 
 def test_matches_torch_is_causal_when_square():
     q, k, v = _qkv(2, 4, lq=9, lk=9)
-    out = A.scaled_dot_product_attention(q, k, v, M.causal_mask(9))
+    out, _ = A.scaled_dot_product_attention(q, k, v, M.causal_mask(9))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -47,7 +47,7 @@ def test_end_aligned_causal_differs_from_torch_is_causal():
     # torch's is_causal is top-left aligned; ours is end aligned (caching).
     q, k, v = _qkv(2, lq=3, lk=7)
     mask = M.causal_mask(3, 7)
-    ours = A.scaled_dot_product_attention(q, k, v, mask)
+    ours, _ = A.scaled_dot_product_attention(q, k, v, mask)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
     top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -60,8 +60,8 @@ def test_matches_torch_with_padding_and_combined_masks_multihead():
     pad = M.padding_mask([6, 4, 2], L)[:, None]              # (B, 1, 1, L)
     mask = M.combine_masks(M.causal_mask(L), pad)            # (B, 1, L, L)
     assert mask.shape == (B, 1, L, L)
-    for fused in (False, True):
-        out = A.scaled_dot_product_attention(q, k, v, mask, fused=fused)
+    explicit, _ = A.scaled_dot_product_attention(q, k, v, mask)
+    for out in (explicit, A.fused_attention(q, k, v, mask)):
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -70,8 +70,8 @@ def test_explicit_and_fused_agree_with_custom_scale():
     q, k, v = _qkv(2, 3)
     mask = torch.rand(2, 3, 5, 7) > 0.3
     mask[..., 0] = True                                      # no dead rows
-    a = A.scaled_dot_product_attention(q, k, v, mask, scale=0.37)
-    b = A.scaled_dot_product_attention(q, k, v, mask, scale=0.37, fused=True)
+    a, _ = A.scaled_dot_product_attention(q, k, v, mask, scale=0.37)
+    b = A.fused_attention(q, k, v, mask, scale=0.37)
     c = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.37)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
@@ -81,8 +81,7 @@ def test_matches_python_double_loop():
     q, k, v = _qkv(lq=4, lk=5, d_k=3, d_v=2, dtype=torch.float64)
     mask = torch.rand(4, 5) > 0.4
     mask[:, 2] = True
-    out, w = A.scaled_dot_product_attention(q, k, v, mask,
-                                            return_weights=True)
+    out, w = A.scaled_dot_product_attention(q, k, v, mask)
     for i in range(4):
         s = [sum(q[i, c].item() * k[j, c].item() for c in range(3))
              / math.sqrt(3) if mask[i, j] else -math.inf for j in range(5)]
@@ -98,7 +97,7 @@ def test_matches_python_double_loop():
 def test_weights_sum_to_one_over_allowed_keys_and_zero_elsewhere():
     q, k, v = _qkv(2, lq=6, lk=6)
     mask = M.combine_masks(M.causal_mask(6), M.padding_mask([6, 3], 6))
-    _, w = A.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+    _, w = A.scaled_dot_product_attention(q, k, v, mask)
     assert torch.all(w[~mask.expand_as(w)] == 0)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 6))
 
@@ -106,45 +105,44 @@ def test_weights_sum_to_one_over_allowed_keys_and_zero_elsewhere():
 def test_fully_masked_rows_give_zeros_and_finite_gradients():
     q, k, v = (t.requires_grad_() for t in _qkv(2, lq=4, lk=4))
     mask = M.padding_mask([3, 0], 4)                 # batch 1: no key at all
-    for fused in (False, True):
-        out = A.scaled_dot_product_attention(q, k, v, mask, fused=fused)
+    for attend in (lambda *a: A.scaled_dot_product_attention(*a)[0],
+                   A.fused_attention):
+        out = attend(q, k, v, mask)
         assert torch.isfinite(out).all()
         assert torch.all(out[1] == 0)
         out.sum().backward()
         for t in (q, k, v):
             assert torch.isfinite(t.grad).all()
             t.grad = None
-    _, w = A.scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+    _, w = A.scaled_dot_product_attention(q, k, v, mask)
     assert torch.all(w[1] == 0) and torch.allclose(w[0].sum(-1),
                                                    torch.ones(4))
     # Rows of a short causal mask (Lq > Lk) with no visible key.
     q2, k2, v2 = _qkv(lq=5, lk=3)
-    out = A.scaled_dot_product_attention(q2, k2, v2, M.causal_mask(5, 3))
+    out, _ = A.scaled_dot_product_attention(q2, k2, v2, M.causal_mask(5, 3))
     assert torch.all(out[:2] == 0) and torch.all(out[2:].abs().sum(-1) > 0)
 
 
 def test_permutation_equivariance_without_positions():
     x = torch.randn(2, 7, 8)
     perm = torch.randperm(7)
-    out = A.scaled_dot_product_attention(x, x, x)
-    out_p = A.scaled_dot_product_attention(x[:, perm], x[:, perm],
-                                           x[:, perm])
+    out, _ = A.scaled_dot_product_attention(x, x, x)
+    out_p, _ = A.scaled_dot_product_attention(x[:, perm], x[:, perm],
+                                              x[:, perm])
     torch.testing.assert_close(out_p, out[:, perm])
     # Permuting keys and values together (not queries) changes nothing.
     q = torch.randn(2, 3, 8)
     torch.testing.assert_close(
-        A.scaled_dot_product_attention(q, x[:, perm], x[:, perm]),
-        A.scaled_dot_product_attention(q, x, x))
+        A.scaled_dot_product_attention(q, x[:, perm], x[:, perm])[0],
+        A.scaled_dot_product_attention(q, x, x)[0])
 
 
 def test_scaling_preserves_ranking_and_default_scale():
     q, k, v = _qkv(lq=4, lk=9, d_k=64)
-    _, w1 = A.scaled_dot_product_attention(q, k, v, return_weights=True)
-    _, w2 = A.scaled_dot_product_attention(q, k, v, scale=1.0,
-                                           return_weights=True)
+    _, w1 = A.scaled_dot_product_attention(q, k, v)
+    _, w2 = A.scaled_dot_product_attention(q, k, v, scale=1.0)
     assert torch.equal(w1.argsort(-1), w2.argsort(-1))
-    _, w3 = A.scaled_dot_product_attention(q, k, v, scale=1 / 8,
-                                           return_weights=True)
+    _, w3 = A.scaled_dot_product_attention(q, k, v, scale=1 / 8)
     torch.testing.assert_close(w1, w3)
 
 
@@ -152,7 +150,7 @@ def test_single_allowed_key_copies_its_value():
     q, k, v = _qkv(lq=3, lk=4)
     mask = torch.zeros(3, 4, dtype=torch.bool)
     mask[:, 2] = True
-    out = A.scaled_dot_product_attention(q, k, v, mask)
+    out, _ = A.scaled_dot_product_attention(q, k, v, mask)
     torch.testing.assert_close(out, v[2].expand(3, -1))
 
 
@@ -172,8 +170,9 @@ def test_causal_mask_end_aligned():
 
 def test_cached_decoding_row_equals_last_row_of_full_causal():
     q, k, v = _qkv(lq=6, lk=6)
-    full = A.scaled_dot_product_attention(q, k, v, M.causal_mask(6))
-    last = A.scaled_dot_product_attention(q[-1:], k, v, M.causal_mask(1, 6))
+    full, _ = A.scaled_dot_product_attention(q, k, v, M.causal_mask(6))
+    last, _ = A.scaled_dot_product_attention(q[-1:], k, v,
+                                             M.causal_mask(1, 6))
     torch.testing.assert_close(last, full[-1:])
 
 
@@ -262,7 +261,7 @@ def test_attention_weights_bytes_closed_form_and_measured():
     assert A.attention_weights_bytes(10, batch=2, n_heads=3,
                                      dtype=torch.float16) == 2 * 3 * 100 * 2
     q, k, v = _qkv(2, 3, lq=10, lk=10)
-    _, w = A.scaled_dot_product_attention(q, k, v, return_weights=True)
+    _, w = A.scaled_dot_product_attention(q, k, v)
     assert w.element_size() * w.nelement() == A.attention_weights_bytes(
         10, batch=2, n_heads=3)
 
@@ -271,16 +270,20 @@ def test_time_attention_rows(fake_clock, monkeypatch):
     # Fake clock: each explicit call "costs" 3 s and each fused call 0.5 s
     # (any two different numbers do), so each column must hold the time
     # of its own path, whatever the machine's load.
-    cost = {False: 3.0, True: 0.5}
-    real = A.scaled_dot_product_attention
+    cost = {"explicit": 3.0, "fused": 0.5}
     calls = []
 
-    def spy(*args, fused=False, return_weights=False, **kw):
-        calls.append((args[0].shape[-2], fused, return_weights))
-        fake_clock.advance(cost[fused])
-        return real(*args, fused=fused, return_weights=return_weights, **kw)
+    def spy(path, real):
+        def timed(q, *args, **kw):
+            calls.append((q.shape[-2], path))
+            fake_clock.advance(cost[path])
+            return real(q, *args, **kw)
+        return timed
 
-    monkeypatch.setattr(A, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(A, "scaled_dot_product_attention",
+                        spy("explicit", A.scaled_dot_product_attention))
+    monkeypatch.setattr(A, "fused_attention",
+                        spy("fused", A.fused_attention))
     rows = A.time_attention([16, 32], d_k=8, n_heads=2, repeats=2)
     assert [r.length for r in rows] == [16, 32]
     for r in rows:
@@ -288,12 +291,11 @@ def test_time_attention_rows(fake_clock, monkeypatch):
         assert r.ratio == 6.0
         assert r.weights_bytes == 4 * 2 * r.length ** 2 == \
             A.attention_weights_bytes(r.length, n_heads=2)
-    # per length: one call for the weights' size, then for each path a
-    # warm-up and `repeats` timed calls
+    # per length: one explicit call for the weights' size, then for each
+    # path a warm-up and `repeats` timed calls
     for L in (16, 32):
-        assert calls.count((L, False, True)) == 1
-        assert calls.count((L, False, False)) == 3       # explicit
-        assert calls.count((L, True, False)) == 3        # fused
+        assert calls.count((L, "explicit")) == 1 + 3
+        assert calls.count((L, "fused")) == 3
     assert len(calls) == 14
 
 
@@ -324,9 +326,20 @@ def test_bad_inputs_attention():
         A.scaled_dot_product_attention(q, k, v, scale=0.0)
     with pytest.raises(ValueError, match="scale must be a real number"):
         A.scaled_dot_product_attention(q, k, v, scale="big")
-    with pytest.raises(ValueError, match="return_weights=True needs"):
-        A.scaled_dot_product_attention(q, k, v, fused=True,
-                                       return_weights=True)
+    with pytest.raises(ValueError, match="enable_gqa must be a bool"):
+        A.fused_attention(q, k, v, enable_gqa=1)
+    with pytest.raises(ValueError, match=r"enable_gqa=True needs q \(B, H, "
+                       r"Lq, d_k\) and k \(B, G, Lk, d_k\) with H a multiple "
+                       r"of G, got q \(2, 5, 8\), k \(2, 7, 8\)"):
+        A.fused_attention(q, k, v, enable_gqa=True)
+    q4, k4 = torch.randn(1, 3, 5, 8), torch.randn(1, 2, 7, 8)
+    with pytest.raises(ValueError, match="with H a multiple of G"):
+        A.fused_attention(q4, k4, k4, enable_gqa=True)
+    with pytest.raises(ValueError, match="q and k must share d_k"):
+        A.fused_attention(q, k[..., :3], v)
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        A.fused_attention(q4, k4[:, :1], k4[:, :1], torch.ones(5, 7),
+                          enable_gqa=True)
 
 
 def test_bad_inputs_masks_and_helpers():
@@ -376,7 +389,7 @@ def test_saturation_gradient_matches_autograd():
         k = torch.randn(50, 6, 32, **kw)
         v = torch.randn(50, 6, 4, **kw)
         up = torch.randn(50, 4, 1, **kw)
-        out = A.scaled_dot_product_attention(
+        out, _ = A.scaled_dot_product_attention(
             q, k, v, scale=None if scaled else 1.0)          # (R, 1, d_v)
         (out @ up).sum().backward()
         norms = q.grad[:, 0].norm(dim=-1)                    # (R,)
@@ -421,10 +434,9 @@ def test_half_precision_scores_above_fp16_max_stay_finite():
     h = torch.full((1, 1, 4, 64), 100.0, dtype=torch.float16)
     v = torch.randn(1, 1, 4, 64, generator=torch.Generator().manual_seed(0))
     mask = M.causal_mask(4)
-    out, w = A.scaled_dot_product_attention(h, h, v.half(), mask,
-                                            return_weights=True)
-    ref = A.scaled_dot_product_attention(h.double(), h.double(), v.double(),
-                                         mask)
+    out, w = A.scaled_dot_product_attention(h, h, v.half(), mask)
+    ref, _ = A.scaled_dot_product_attention(h.double(), h.double(),
+                                            v.double(), mask)
     assert out.dtype == w.dtype == torch.float16
     torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
 

@@ -76,7 +76,7 @@ def test_decoder_layer_matches_torch():
     with torch.no_grad():
         expected = ref(x, memory, tgt_mask=~causal_mask(6),
                        memory_key_padding_mask=~keep[:, 0])
-        got, w = ours(x, memory, causal_mask(6), keep, return_weights=True)
+        got, w = ours.forward_with_weights(x, memory, causal_mask(6), keep)
     assert torch.allclose(got, expected, atol=ATOL)
     assert w.shape == (2, 4, 6, 9)
     assert torch.allclose(w.sum(-1), torch.ones(2, 4, 6), atol=ATOL)

@@ -62,7 +62,7 @@ def test_induction_batch_bad_arguments():
 def test_model_shapes_and_weights():
     model = tiny()
     x, _ = induction_batch(3)
-    logits, ws = model(x, return_weights=True)
+    logits, ws = model.forward_with_weights(x)
     assert logits.shape == (3, 24, 17)
     assert len(ws) == 2 and all(w.shape == (3, 2, 24, 24) for w in ws)
     # causal: nothing above the diagonal
@@ -201,7 +201,7 @@ def test_copied_heads_stay_identical_under_training():
 def test_copy_head_makes_equal_attention():
     mha = MultiHeadAttention(16, 4)
     copy_head(mha, src=2, dst=0)
-    _, w = mha(torch.randn(2, 5, 16), return_weights=True)
+    _, w = mha.forward_with_weights(torch.randn(2, 5, 16))
     assert torch.equal(w[:, 0], w[:, 2])
     assert not torch.allclose(w[:, 0], w[:, 1])
 

@@ -21,7 +21,7 @@ def test_sum_of_circuit_outputs_is_the_layer(n_kv_heads, bias):
         out = sum(HC.circuit_output(mha, x, i, mask)[0] for i in range(4))
         if bias:
             out = out + mha.o_proj.bias
-        ref, w = mha(x, mask=mask, return_weights=True)
+        ref, w = mha.forward_with_weights(x, mask=mask)
         assert torch.allclose(out, ref, atol=1e-5)
         for i in range(4):
             assert torch.allclose(HC.circuit_output(mha, x, i, mask)[1],

@@ -181,7 +181,7 @@ def test_committed_char_model_has_no_induction_heads():
     letters = vocab.encode("abcdefghijklmnopqrstuvwxyz")
     half = letters[torch.randint(0, 26, (8, L), generator=g)]
     rep = torch.cat([half, half], dim=1)                       # (8, 2L)
-    maps, logits = attention_maps(lm, rep, return_logits=True)
+    maps, logits = attention_maps(lm, rep)
     nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), rep[:, 1:],
                           reduction="none")
     assert nll[:, L:].mean() > nll[:, :L - 1].mean() - 0.1

@@ -71,7 +71,7 @@ def test_maps_equal_heads_by_hand_and_logits_unchanged(kw):
     model = tiny(**kw)
     idx = torch.randint(40, (2, 11), generator=torch.Generator()
                         .manual_seed(1))
-    maps, logits = attention_maps(model, idx, return_logits=True)
+    maps, logits = attention_maps(model, idx)
     c = model.config
     assert maps.shape == (c.n_layers, 2, c.n_heads, 11, 11)
     inputs, ref_logits = block_inputs(model, idx)
@@ -88,7 +88,7 @@ def test_rows_are_causal_distributions():
     model = tiny()
     idx = torch.randint(40, (1, 9), generator=torch.Generator()
                         .manual_seed(2))
-    maps = attention_maps(model, idx)
+    maps, _ = attention_maps(model, idx)
     torch.testing.assert_close(maps.sum(-1), torch.ones(3, 1, 4, 9))
     assert (maps.triu(1) == 0).all()
     assert (maps[..., 0, 0] == 1).all()      # the first query sees itself

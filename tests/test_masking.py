@@ -34,8 +34,9 @@ def _layer(d=8, seed=0):
                      / math.sqrt(d) for _ in range(3))
 
     def f(x, mask=None):
-        return A.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v,
-                                              mask)
+        out, _ = A.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v,
+                                                 mask)
+        return out
     return f
 
 
@@ -45,15 +46,14 @@ def test_three_position_example_exact():
     k = torch.randn(3, 2, dtype=torch.float64)
     v = torch.tensor([[2.0, 0.0], [0.0, 4.0], [99.0, 99.0]],
                      dtype=torch.float64)
-    out, w = A.scaled_dot_product_attention(q, k, v, M.causal_mask(3),
-                                            return_weights=True)
+    out, w = A.scaled_dot_product_attention(q, k, v, M.causal_mask(3))
     assert torch.equal(w[1], torch.tensor([0.5, 0.5, 0.0],
                                           dtype=torch.float64))
     assert torch.equal(out[1], torch.tensor([1.0, 2.0], dtype=torch.float64))
     assert torch.equal(out[0], v[0])
     assert torch.allclose(out[2], v.mean(0))
     # without the mask the 99s leak into position 1
-    leaked = A.scaled_dot_product_attention(q, k, v)
+    leaked, _ = A.scaled_dot_product_attention(q, k, v)
     assert torch.allclose(leaked[1], torch.tensor([101 / 3, 103 / 3],
                                                   dtype=torch.float64))
 
@@ -102,8 +102,8 @@ def test_causal_mask_end_alignment_matches_cached_decoding():
     g = torch.Generator().manual_seed(0)
     w_q, w_k, w_v = (torch.randn(8, 8, generator=g, dtype=torch.float64)
                      / math.sqrt(8) for _ in range(3))
-    last = A.scaled_dot_product_attention(x[3:] @ w_q, x @ w_k, x @ w_v,
-                                          M.causal_mask(2, 5))
+    last, _ = A.scaled_dot_product_attention(x[3:] @ w_q, x @ w_k, x @ w_v,
+                                             M.causal_mask(2, 5))
     assert torch.allclose(last, full[3:], atol=1e-12)
 
 
@@ -141,7 +141,7 @@ def test_padding_positions_never_change_real_outputs():
 def test_padding_mask_agrees_with_torch_bool_convention():
     q, k, v = torch.randn(3, 2, 4, 5, 8).unbind(0)
     pad = M.padding_mask([5, 2], 5)[:, None]           # (B, 1, 1, Lk)
-    ours = A.scaled_dot_product_attention(q, k, v, pad)
+    ours, _ = A.scaled_dot_product_attention(q, k, v, pad)
     theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=pad)
     assert torch.allclose(ours, theirs, atol=1e-5)
 
@@ -156,7 +156,7 @@ def test_left_padding_with_causal_mask_gives_fully_masked_rows():
     scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
     naive = scores.softmax(-1) @ v
     assert torch.isnan(naive[1, :2]).all()
-    out = A.scaled_dot_product_attention(q, k, v, mask)
+    out, _ = A.scaled_dot_product_attention(q, k, v, mask)
     assert torch.isfinite(out).all()
     assert torch.equal(out[1, :2], torch.zeros(2, 6))
 
@@ -172,16 +172,16 @@ def test_dead_rows_do_not_poison_the_next_layer():
     keep = M.padding_mask([4, 2], 4).flip(-1)          # (2, 1, 4) left pad
     mask = M.combine_masks(M.causal_mask(4), keep)     # (2, 4, 4)
     q, k, v = torch.randn(3, 2, 4, 6).unbind(0)
-    h = A.scaled_dot_product_attention(q, k, v, mask)  # layer 1
+    h, _ = A.scaled_dot_product_attention(q, k, v, mask)  # layer 1
     naive = (q @ k.transpose(-2, -1) / math.sqrt(6)).masked_fill(
         ~mask, float("-inf")).softmax(-1) @ v
     assert torch.isnan(naive[1, :2]).all()             # what it avoids
     q2 = torch.randn(2, 4, 6)
-    out = A.scaled_dot_product_attention(q2, h, h, keep)     # layer 2
+    out, _ = A.scaled_dot_product_attention(q2, h, h, keep)     # layer 2
     assert torch.isfinite(out).all()
-    naive_out = A.scaled_dot_product_attention(q2, naive, naive, keep)
+    naive_out, _ = A.scaled_dot_product_attention(q2, naive, naive, keep)
     assert torch.isnan(naive_out[1]).all()             # NaN reached rows
-    alone = A.scaled_dot_product_attention(q2[1:], h[1:, 2:], h[1:, 2:])
+    alone, _ = A.scaled_dot_product_attention(q2[1:], h[1:, 2:], h[1:, 2:])
     assert torch.allclose(out[1], alone[0], atol=1e-6)
 
 
@@ -197,14 +197,14 @@ def test_additive_mask_values_and_softmax():
     assert torch.equal(w[..., ~mask], torch.zeros(2, 6))
     _, ref = A.scaled_dot_product_attention(
         torch.randn(2, 4, 3), torch.randn(2, 4, 3), torch.randn(2, 4, 3),
-        mask, return_weights=True)
+        mask)
     assert torch.allclose(ref.sum(-1), torch.ones(2, 4))
 
 
 def test_additive_mask_against_torch_float_mask():
     q, k, v = torch.randn(3, 2, 5, 4).unbind(0)
     mask = M.combine_masks(M.causal_mask(5), M.padding_mask([5, 3], 5))
-    ours = A.scaled_dot_product_attention(q, k, v, mask)
+    ours, _ = A.scaled_dot_product_attention(q, k, v, mask)
     theirs = F.scaled_dot_product_attention(
         q, k, v, attn_mask=M.additive_mask(mask))
     assert torch.allclose(ours, theirs, atol=1e-5)

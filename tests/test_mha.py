@@ -45,7 +45,7 @@ def test_self_attention_matches_torch_no_mask(bias):
     mha = MultiHeadAttention(32, 4, bias=bias)
     ref = torch_twin(mha)
     x = torch.randn(3, 7, 32)
-    out, w = mha(x, return_weights=True)
+    out, w = mha.forward_with_weights(x)
     ref_out, ref_w = ref(x, x, x, average_attn_weights=False)
     assert out.shape == (3, 7, 32) and w.shape == (3, 4, 7, 7)
     assert torch.allclose(out, ref_out, atol=ATOL)
@@ -57,7 +57,7 @@ def test_causal_mask_matches_torch():
     ref = torch_twin(mha)
     x = torch.randn(2, 6, 24)
     mask = causal_mask(6)                                   # True = attend
-    out, w = mha(x, mask=mask, return_weights=True)
+    out, w = mha.forward_with_weights(x, mask=mask)
     ref_out, ref_w = ref(x, x, x, attn_mask=~mask,          # True = blocked
                          average_attn_weights=False)
     assert torch.allclose(out, ref_out, atol=ATOL)
@@ -84,7 +84,7 @@ def test_per_example_and_per_head_masks_match_torch():
     m4[..., 0] = True                                       # no empty rows
     ref_out, ref_w = ref(x, x, x, attn_mask=~m4.reshape(B * H, T, T),
                          average_attn_weights=False)
-    out, w = mha(x, mask=m4, return_weights=True)
+    out, w = mha.forward_with_weights(x, mask=m4)
     assert torch.allclose(out, ref_out, atol=ATOL)
     assert torch.allclose(w, ref_w, atol=ATOL)
     # A (B, T, S) mask is per example and shared by the heads.
@@ -98,7 +98,7 @@ def test_cross_attention_matches_torch():
     ref = torch_twin(mha)
     x, ctx = torch.randn(2, 4, 32), torch.randn(2, 9, 32)
     mask = padding_mask([9, 6], 9)
-    out, w = mha(x, context=ctx, mask=mask, return_weights=True)
+    out, w = mha.forward_with_weights(x, context=ctx, mask=mask)
     ref_out, ref_w = ref(x, ctx, ctx, key_padding_mask=~mask[:, 0],
                          average_attn_weights=False)
     assert out.shape == (2, 4, 32) and w.shape == (2, 8, 4, 9)
@@ -115,18 +115,19 @@ def test_loop_equals_batched(n_kv_heads, mask_kind):
     mask = {"none": None, "causal": causal_mask(6),
             "padding": padding_mask([6, 2], 6),
             "4d": torch.rand(2, 4, 6, 6) > 0.5}[mask_kind]
-    out, w = mha(x, mask=mask, return_weights=True)
-    out_loop, w_loop = mha.forward_loop(x, mask=mask, return_weights=True)
+    out, w = mha.forward_with_weights(x, mask=mask)
+    out_loop, w_loop = mha.forward_loop(x, mask=mask)
     assert torch.allclose(out, out_loop, atol=ATOL)
     assert torch.allclose(w, w_loop, atol=ATOL)
-    assert torch.allclose(mha.forward_loop(x, mask=mask), out, atol=ATOL)
+    # forward (no weights) is the same output as forward_with_weights
+    assert torch.equal(mha(x, mask=mask), out)
 
 
 def test_loop_equals_batched_cross_attention_gqa():
     mha = MultiHeadAttention(24, 6, n_kv_heads=2)
     x, ctx = torch.randn(2, 3, 24), torch.randn(2, 8, 24)
-    assert torch.allclose(mha(x, context=ctx), mha.forward_loop(x, context=ctx),
-                          atol=ATOL)
+    assert torch.allclose(mha(x, context=ctx),
+                          mha.forward_loop(x, context=ctx)[0], atol=ATOL)
 
 
 def test_fused_path_agrees():
@@ -175,14 +176,14 @@ def test_mqa_shapes_and_shared_kv():
     assert mha.k_proj.weight.shape == (8, 64)               # one head, d_k=8
     assert mha.v_proj.weight.shape == (8, 64)
     x = torch.randn(2, 5, 64)
-    out, w = mha(x, return_weights=True)
+    out, w = mha.forward_with_weights(x)
     assert out.shape == (2, 5, 64) and w.shape == (2, 8, 5, 5)
     # With one shared K, heads differ only through their queries: heads
     # whose queries are equal attend identically.
     with torch.no_grad():
         mha.q_proj.weight[8:16] = mha.q_proj.weight[0:8]
         mha.q_proj.bias[8:16] = mha.q_proj.bias[0:8]
-    _, w = mha(x, return_weights=True)
+    _, w = mha.forward_with_weights(x)
     assert torch.equal(w[:, 0], w[:, 1])
     assert not torch.allclose(w[:, 0], w[:, 2])
 
@@ -254,7 +255,7 @@ def test_weights_rows_sum_to_one_and_empty_rows_are_zero():
     x = torch.randn(1, 4, 16)
     mask = torch.ones(4, 4, dtype=torch.bool)
     mask[2] = False                                         # query 2: no key
-    out, w = mha(x, mask=mask, return_weights=True)
+    out, w = mha.forward_with_weights(x, mask=mask)
     sums = w.sum(-1)
     assert torch.allclose(sums[:, :, [0, 1, 3]], torch.ones(1, 2, 3))
     assert torch.all(w[:, :, 2] == 0)
@@ -384,7 +385,7 @@ def test_rope_hook_forward_loop_equals_forward():
     attn = rope_attention(16, 4, n_kv_heads=2)
     x, mask = torch.randn(2, 6, 16), causal_mask(6)
     pos = torch.arange(6) + 5
-    torch.testing.assert_close(attn.forward_loop(x, mask, positions=pos),
+    torch.testing.assert_close(attn.forward_loop(x, mask, positions=pos)[0],
                                attn(x, mask, positions=pos),
                                atol=ATOL, rtol=ATOL)
 

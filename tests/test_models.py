@@ -149,7 +149,7 @@ def test_decoder_lm_init_gives_uniformish_predictions():
 
 def test_decoder_lm_return_aux_empty_for_dense():
     lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
-    logits, aux = lm(torch.randint(20, (1, 3)), return_aux=True)
+    logits, aux = lm.forward_with_aux(torch.randint(20, (1, 3)))
     assert logits.shape == (1, 3, 20) and aux == []
 
 
@@ -188,7 +188,7 @@ def test_transformer_padding_does_not_leak():
     alone = tr(src[:, :4], tgt)
     padded = torch.cat([src[:, :4], torch.zeros(1, 2, dtype=torch.long)], 1)
     assert torch.allclose(tr(padded, tgt, src_lengths=[4]), alone, atol=1e-5)
-    logits, w = tr(padded, tgt, src_lengths=[4], return_weights=True)
+    logits, w = tr.forward_with_weights(padded, tgt, src_lengths=[4])
     assert len(w) == 2 and w[0].shape == (1, 4, 4, 6)
     assert w[0][..., 4:].abs().max() == 0
 

@@ -203,7 +203,7 @@ def test_inside_decoder_lm_returns_infos_and_trains():
                    gate=DeepSeekV3Router(16, 4, 2))
     model = DecoderLM(cfg, ffn_factory=ffn)
     idx = torch.randint(0, 11, (2, 6))
-    logits, infos = model(idx, return_aux=True)
+    logits, infos = model.forward_with_aux(idx)
     assert logits.shape == (2, 6, 11) and len(infos) == 2
     assert all(i.indices.shape == (12, 2) for i in infos)
     loss = logits.logsumexp(-1).mean() + 0.01 * sum(i.aux_loss for i in infos)

@@ -85,7 +85,7 @@ def test_fused_attention_equals_explicit():
     torch.testing.assert_close(fused(x, dead)[:, 4],
                                fused.o_proj.bias.expand(2, 48))
     # asking for the weights runs the explicit path, fused or not
-    out, w = fused(x, causal, return_weights=True)
+    out, w = fused.forward_with_weights(x, causal)
     torch.testing.assert_close(out, attn(x, causal), rtol=1e-5, atol=1e-6)
     assert w.shape == (2, 4, 9, 9)
 
