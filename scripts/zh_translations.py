@@ -1,0 +1,361 @@
+"""Chinese (zh-CN) translations of the chapters' markdown cells (issue 16).
+
+English is the source. ``course_lib/locale/zh/<notebook stem>.json``
+holds, for each markdown cell of ``book/<notebook stem>.ipynb`` (by cell
+id), the English text it translates, a hash of that text and the Chinese
+text; and the reader-facing strings of the chapter's exercises and
+explorers (prompts, options, explanations, hints, solutions, mistake
+messages, titles, control labels), keyed by the English string, which
+``course_lib`` looks up at run time when the language is Chinese:
+
+    {"notebook": "book/ch03_scaled_dot_product_attention.ipynb",
+     "cells": {"<cell id>": {"en_sha": "...", "en": "...", "zh": "..."}},
+     "strings": {"<English string>": "<Chinese string>"}}
+
+``zh`` (and a string's value) is null until translated. A translation is *stale*
+when the English cell changed after it was written (``en_sha`` is no
+longer the hash of the cell): ``tests/test_zh_translations.py`` fails,
+and ``stale`` prints what changed in the English text, so the
+translator updates exactly that and runs ``accept``.
+
+Commands (run from the repository root):
+
+    python scripts/zh_translations.py export ch03   # add missing cells
+    python scripts/zh_translations.py status        # per chapter counts
+    python scripts/zh_translations.py stale [ch03]  # diffs to retranslate
+    python scripts/zh_translations.py check [ch03]  # the test's checks
+    python scripts/zh_translations.py accept ch03 CELL_ID  # after fixing
+    python scripts/zh_translations.py template ch03 > ch03.txt
+    python scripts/zh_translations.py import ch03 ch03.zh.txt
+
+``template`` prints every English cell and string of a chapter under a
+header line (``=== cell ID`` or ``=== string N``, N counting the
+chapter's strings from 0); a translator writes a file with the same
+headers and the Chinese text under each, and ``import`` stores it (only
+the sections present; it refuses unknown ids and out-of-range numbers).
+
+A string is stale when no exercise or explorer uses it any more (its
+English text changed): translate the new one (``export`` adds it) and
+delete the old entry.
+
+``check`` also compares what must not change in translation: the math
+(every ``$...$`` and ``$$...$$``, as a multiset), the MyST labels
+``(name)=``, the targets of ``{ref}``, ``{numref}``, ``{doc}``,
+``{cite:p}``, ``{cite:t}`` and ``{term}`` roles, and the inline code spans.
+"""
+from __future__ import annotations
+
+import collections
+import difflib
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+ZH = ROOT / "course_lib" / "locale" / "zh"
+
+
+def sha(text: str) -> str:
+    """Hash of an English cell's text (16 hex digits of SHA-256)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def english_cells(notebook: Path) -> dict[str, str]:
+    """{cell id: markdown text} of an English notebook, in order."""
+    nb = json.loads(notebook.read_text())
+    return {c["id"]: "".join(c["source"]) for c in nb["cells"]
+            if c["cell_type"] == "markdown"}
+
+
+# Keyword arguments of the exercise and explorer classes whose strings a
+# reader sees (``key``, ``func_name``, ``starter_code``: code, not prose).
+TEXT_KWARGS = {"prompt", "hint", "solution", "options", "explanations",
+               "mistakes", "title", "labels"}
+
+
+def reader_strings(notebook: Path) -> list[str]:
+    """The string literals a reader sees in the chapter's exercises and
+    explorers: every ``str`` constant under a :data:`TEXT_KWARGS` keyword
+    of a call to ``...Exercise(...)`` or ``Explorer(...)`` (dict keys
+    excluded: they name controls), in order, without repeats."""
+    import ast
+    nb = json.loads(notebook.read_text())
+    found: dict[str, None] = {}
+    trees = []
+    for c in nb["cells"]:
+        if c["cell_type"] != "code":
+            continue
+        try:
+            trees.append(ast.parse("".join(c["source"])))
+        except SyntaxError:
+            continue
+    # NAME = [...] at the top of a cell: a keyword may pass the name
+    assigned = {t.id: node.value for tree in trees for node in tree.body
+                if isinstance(node, ast.Assign) for t in node.targets
+                if isinstance(t, ast.Name)}
+
+    def strings_in(value):
+        keys = set()
+        for sub in ast.walk(value):
+            if isinstance(sub, ast.Dict):
+                keys |= {id(k) for k in sub.keys}
+        for sub in ast.walk(value):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) \
+                    and id(sub) not in keys and sub.value.strip():
+                found.setdefault(sub.value)
+            elif isinstance(sub, ast.Name) and sub.id in assigned:
+                strings_in(assigned.pop(sub.id))   # each name once
+
+    for tree in trees:
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else getattr(f, "attr", "")
+            if not (name.endswith("Exercise") or name == "Explorer"):
+                continue
+            for kw in node.keywords:
+                if kw.arg in TEXT_KWARGS:
+                    strings_in(kw.value)
+    return list(found)
+
+
+def notebook_for(chapter: str) -> Path:
+    """``ch03`` (or a full stem) -> ``book/ch03_....ipynb``."""
+    found = sorted(BOOK.glob(f"{chapter}*.ipynb"))
+    if len(found) != 1:
+        raise SystemExit(f"chapter must name one notebook in book/, got "
+                         f"{chapter!r} ({len(found)} matches)")
+    return found[0]
+
+
+def path_for(notebook: Path) -> Path:
+    return ZH / f"{notebook.stem}.json"
+
+
+def load(notebook: Path) -> dict:
+    p = path_for(notebook)
+    if p.exists():
+        return json.loads(p.read_text())
+    return {"notebook": f"book/{notebook.name}", "cells": {}}
+
+
+def save(notebook: Path, data: dict) -> None:
+    ZH.mkdir(parents=True, exist_ok=True)
+    path_for(notebook).write_text(
+        json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
+# ------------------------------------------------------- what must survive
+_MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
+_LABEL = re.compile(r"^\(([\w:.-]+)\)=\s*$", re.M)
+_ROLE = re.compile(r"\{(ref|numref|doc|cite:p|cite:t|term)\}`([^`]*)`")
+_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+
+
+def _role_target(kind: str, body: str) -> str:
+    m = re.search(r"<([^<>]+)>\s*$", body)
+    target = m.group(1) if m else body
+    return f"{kind}:{target.strip().lower() if kind == 'term' else target}"
+
+
+def invariants(text: str) -> dict[str, collections.Counter]:
+    """The parts of a cell a translation keeps exactly."""
+    no_math = _MATH.sub(" ", text)
+    roles = [_role_target(k, b) for k, b in _ROLE.findall(no_math)]
+    no_roles = _ROLE.sub(" ", no_math)
+    return {
+        "math": collections.Counter(
+            re.sub(r"\s+", " ", m).strip() for m in _MATH.findall(text)),
+        "labels": collections.Counter(_LABEL.findall(text)),
+        "roles": collections.Counter(roles),
+        "code": collections.Counter(_CODE.findall(no_roles)),
+    }
+
+
+def problems(chapter_notebook: Path) -> list[str]:
+    """Every reason the chapter's translations are not in sync."""
+    data = load(chapter_notebook)
+    en = english_cells(chapter_notebook)
+    out = []
+    for cid, entry in data["cells"].items():
+        where = f"{chapter_notebook.stem} cell {cid}"
+        if cid not in en:
+            out.append(f"{where}: no such markdown cell in English")
+            continue
+        if entry.get("zh") is None:
+            continue
+        if entry["en_sha"] != sha(en[cid]):
+            out.append(f"{where}: stale (the English cell changed; run "
+                       f"`stale {chapter_notebook.stem[:4]}`)")
+            continue
+        want, got = invariants(en[cid]), invariants(entry["zh"])
+        for kind in want:
+            if want[kind] != got[kind]:
+                missing = list((want[kind] - got[kind]).elements())
+                extra = list((got[kind] - want[kind]).elements())
+                out.append(f"{where}: {kind} differ from the English: "
+                           f"missing {missing[:3]}, extra {extra[:3]}")
+    current = set(reader_strings(chapter_notebook))
+    for text, zh in data.get("strings", {}).items():
+        where = f"{chapter_notebook.stem} string {text[:50]!r}"
+        if zh is None:
+            continue
+        if text not in current:
+            out.append(f"{where}: stale (no exercise or explorer uses this "
+                       f"English string any more)")
+            continue
+        want, got = invariants(text), invariants(zh)
+        for kind in want:
+            if want[kind] != got[kind]:
+                out.append(f"{where}: {kind} differ from the English")
+    return out
+
+
+# ---------------------------------------------------------------- commands
+def export(chapter: str) -> None:
+    nb = notebook_for(chapter)
+    data = load(nb)
+    en = english_cells(nb)
+    added = 0
+    cells = {}
+    for cid, text in en.items():          # keep the notebook's order
+        if cid in data["cells"]:
+            cells[cid] = data["cells"][cid]
+        else:
+            cells[cid] = {"en_sha": sha(text), "en": text, "zh": None}
+            added += 1
+    for cid, entry in data["cells"].items():
+        cells.setdefault(cid, entry)      # orphans stay visible to check
+    data["cells"] = cells
+    strings = data.get("strings", {})
+    new = {t: strings.get(t) for t in reader_strings(nb)}
+    added_strings = sum(t not in strings for t in new)
+    new.update({t: v for t, v in strings.items() if t not in new})
+    data["strings"] = new
+    save(nb, data)
+    print(f"{path_for(nb).relative_to(ROOT)}: {added} cells and "
+          f"{added_strings} strings added; {len(cells)} cells, "
+          f"{len(new)} strings in all")
+
+
+def status(chapters: list[str]) -> None:
+    nbs = [notebook_for(c) for c in chapters] or sorted(BOOK.glob("ch*.ipynb"))
+    print(f"{'notebook':<42}{'cells':>6}{'done':>6}{'stale':>6}{'to do':>7}"
+          f"{'strings':>9}{'done':>6}")
+    for nb in nbs:
+        en = english_cells(nb)
+        full = load(nb)
+        data = full["cells"]
+        done = [c for c in en if data.get(c, {}).get("zh") is not None]
+        stale = [c for c in done if data[c]["en_sha"] != sha(en[c])]
+        wanted = reader_strings(nb)
+        have = full.get("strings", {})
+        s_done = sum(have.get(t) is not None for t in wanted)
+        print(f"{nb.stem:<42}{len(en):>6}{len(done):>6}{len(stale):>6}"
+              f"{len(en) - len(done):>7}{len(wanted):>9}{s_done:>6}")
+
+
+def stale(chapters: list[str]) -> None:
+    nbs = [notebook_for(c) for c in chapters] or sorted(BOOK.glob("ch*.ipynb"))
+    for nb in nbs:
+        en = english_cells(nb)
+        for cid, entry in load(nb)["cells"].items():
+            if entry.get("zh") is None or cid not in en:
+                continue
+            if entry["en_sha"] != sha(en[cid]):
+                print(f"=== {nb.stem} cell {cid}: the English changed")
+                sys.stdout.writelines(difflib.unified_diff(
+                    entry["en"].splitlines(True),
+                    en[cid].splitlines(True), "translated", "now"))
+                print()
+
+
+def accept(chapter: str, cid: str) -> None:
+    nb = notebook_for(chapter)
+    data = load(nb)
+    en = english_cells(nb)
+    if cid not in data["cells"] or cid not in en:
+        raise SystemExit(f"no cell {cid!r} in {nb.stem}")
+    data["cells"][cid].update(en_sha=sha(en[cid]), en=en[cid])
+    save(nb, data)
+    print(f"{nb.stem} cell {cid}: the translation now matches the English")
+
+
+def template(chapter: str) -> None:
+    nb = notebook_for(chapter)
+    data = load(nb)
+    for cid, entry in data["cells"].items():
+        print(f"=== cell {cid}\n{entry['en'].rstrip()}\n")
+    for i, text in enumerate(data.get("strings", {})):
+        print(f"=== string {i}\n{text.rstrip()}\n")
+
+
+def import_file(chapter: str, path: str) -> None:
+    nb = notebook_for(chapter)
+    data = load(nb)
+    strings = list(data.get("strings", {}))
+    sections = re.split(r"^=== (cell \S+|string \d+)[ \t]*\n", Path(
+        path).read_text(), flags=re.M)
+    if sections[0].strip():
+        raise SystemExit(f"{path}: text before the first '=== ' header")
+    n_cells = n_strings = 0
+    for head, body in zip(sections[1::2], sections[2::2]):
+        kind, ref = head.split()
+        body = body.strip("\n")
+        if kind == "cell":
+            if ref not in data["cells"]:
+                raise SystemExit(f"{path}: no cell {ref} in {nb.stem}")
+            # keep the English cell's trailing newline convention
+            end = "\n" if data["cells"][ref]["en"].endswith("\n") else ""
+            data["cells"][ref]["zh"] = body.rstrip() + end
+            n_cells += 1
+        else:
+            i = int(ref)
+            if not 0 <= i < len(strings):
+                raise SystemExit(f"{path}: string {i} out of range "
+                                 f"(0..{len(strings) - 1})")
+            en = strings[i]
+            trail = en[len(en.rstrip()):]          # e.g. a final space
+            data["strings"][en] = body.strip() + trail
+            n_strings += 1
+    save(nb, data)
+    print(f"{nb.stem}: stored {n_cells} cells and {n_strings} strings")
+
+
+def check(chapters: list[str]) -> int:
+    nbs = [notebook_for(c) for c in chapters] or sorted(BOOK.glob("ch*.ipynb"))
+    found = [p for nb in nbs for p in problems(nb)]
+    print("\n".join(found) or "ok")
+    return 1 if found else 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("export", "status", "stale", "check",
+                                   "accept", "template", "import"):
+        print(__doc__)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "export":
+        for c in rest:
+            export(c)
+    elif cmd == "status":
+        status(rest)
+    elif cmd == "stale":
+        stale(rest)
+    elif cmd == "accept":
+        accept(*rest)
+    elif cmd == "template":
+        template(*rest)
+    elif cmd == "import":
+        import_file(*rest)
+    else:
+        return check(rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
