@@ -72,4 +72,4 @@ def attention_maps(model: DecoderLM, idx: torch.Tensor
         f = f[0] if isinstance(f, tuple) else f              # MoE: (out, info)
         x = x + block.dropout(f)                             # (B, T, D)
     maps = torch.stack(maps)                                 # (N, B, H, T, T)
-    return maps, model.lm_head(model.norm(x))                # (B, T, V)
+    return maps, model.lm_head(model.norm(x))               # (B, T, V)
