@@ -237,7 +237,10 @@ def export(chapter: str) -> None:
     new.update({t: v for t, v in strings.items() if t not in new})
     data["strings"] = new
     save(nb, data)
-    print(f"{path_for(nb).relative_to(ROOT)}: {added} cells and "
+    where = path_for(nb)
+    if where.is_relative_to(ROOT):
+        where = where.relative_to(ROOT)
+    print(f"{where}: {added} cells and "
           f"{added_strings} strings added; {len(cells)} cells, "
           f"{len(new)} strings in all")
 

@@ -1,0 +1,130 @@
+"""The Chinese edition's translations stay in step with the English (issue 16).
+
+Each translated markdown cell records the hash of the English text it
+translates; editing the English cell without updating the translation
+fails ``test_translations_match_the_english``. The other tests run the
+same checker on a small made-up book, to show that it fails when it
+should.
+"""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "zh_translations", ROOT / "scripts" / "zh_translations.py")
+zt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(zt)
+
+CHAPTERS = sorted((ROOT / "book").glob("ch*.ipynb"))
+
+
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem[:4])
+def test_translations_match_the_english(notebook):
+    assert (ROOT / "course_lib" / "locale" / "zh" /
+            f"{notebook.stem}.json").exists(), "run export"
+    assert zt.problems(notebook) == []
+
+
+# ------------------------------------------------- the checker on a toy book
+def _notebook(cells):
+    return {"cells": [
+        {"cell_type": kind, "id": cid, "metadata": {}, "source": text,
+         **({"outputs": [], "execution_count": None}
+            if kind == "code" else {})}
+        for cid, kind, text in cells],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+EXERCISE = ('NumericExercise(key="toy-1", prompt="What is $1 + 1$?", '
+            'answer=2, mistakes=[(1, "Count again.")], hint="Add.", '
+            'solution="$1 + 1 = 2$.")')
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    book, zh = tmp_path / "book", tmp_path / "zh"
+    book.mkdir()
+    nb = book / "ch99_toy.ipynb"
+    nb.write_text(json.dumps(_notebook([
+        ("a1", "markdown", "(toy-start)=\n# Attention\n\nScores $QK^\\top$ "
+                           "and `softmax`, see {ref}`toy-start`.\n"),
+        ("c1", "code", EXERCISE),
+        ("a2", "markdown", "A second cell."),
+    ])))
+    monkeypatch.setattr(zt, "BOOK", book)
+    monkeypatch.setattr(zt, "ZH", zh)
+    zt.export("ch99")
+    translation = tmp_path / "t.txt"
+    translation.write_text(
+        "=== cell a1\n(toy-start)=\n# 注意力\n\n分数 $QK^\\top$ 与 "
+        "`softmax`，见 {ref}`开头 <toy-start>`。\n\n=== cell a2\n第二个单元。\n"
+        "\n=== string 0\n$1 + 1$ 等于多少？\n")
+    zt.import_file("ch99", str(translation))
+    return nb
+
+
+def _edit_english(nb, cid, text):
+    data = json.loads(nb.read_text())
+    for c in data["cells"]:
+        if c["id"] == cid:
+            c["source"] = text
+    nb.write_text(json.dumps(data))
+
+
+def test_toy_translation_is_in_sync(toy):
+    assert zt.problems(toy) == []
+    data = zt.load(toy)
+    assert list(data["strings"]) == ["What is $1 + 1$?", "Count again.",
+                                     "Add.", "$1 + 1 = 2$."]
+    assert data["strings"]["What is $1 + 1$?"] == "$1 + 1$ 等于多少？"
+    assert data["strings"]["Add."] is None          # not translated yet
+
+
+def test_editing_an_english_cell_makes_its_translation_stale(toy, capsys):
+    _edit_english(toy, "a2", "A second cell, edited.")
+    found = zt.problems(toy)
+    assert len(found) == 1 and "cell a2: stale" in found[0]
+    zt.stale(["ch99"])
+    assert "+A second cell, edited." in capsys.readouterr().out
+    zt.accept("ch99", "a2")                         # after retranslating
+    assert zt.problems(toy) == []
+
+
+def test_editing_an_exercise_string_makes_its_translation_stale(toy):
+    data = json.loads(toy.read_text())
+    data["cells"][1]["source"] = EXERCISE.replace("What is", "Compute")
+    toy.write_text(json.dumps(data))
+    found = zt.problems(toy)
+    assert len(found) == 1 and "string 'What is $1 + 1$?': stale" in found[0]
+
+
+@pytest.mark.parametrize("zh, kind", [
+    ("(toy-start)=\n# 注意力\n\n分数 $QK^T$ 与 `softmax`，见 "
+     "{ref}`开头 <toy-start>`。\n", "math"),
+    ("# 注意力\n\n分数 $QK^\\top$ 与 `softmax`，见 "
+     "{ref}`开头 <toy-start>`。\n", "labels"),
+    ("(toy-start)=\n# 注意力\n\n分数 $QK^\\top$ 与 `softmax`，见 "
+     "{ref}`开头 <toy-end>`。\n", "roles"),
+    ("(toy-start)=\n# 注意力\n\n分数 $QK^\\top$ 与 `归一化`，见 "
+     "{ref}`开头 <toy-start>`。\n", "code"),
+], ids=["math", "labels", "roles", "code"])
+def test_a_translation_that_changes_math_labels_roles_or_code_fails(
+        toy, tmp_path, zh, kind):
+    bad = tmp_path / "bad.txt"
+    bad.write_text(f"=== cell a1\n{zh}")
+    zt.import_file("ch99", str(bad))
+    found = zt.problems(toy)
+    assert len(found) == 1 and f"{kind} differ" in found[0]
+
+
+def test_import_refuses_unknown_sections(toy, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("=== cell nope\n文字\n")
+    with pytest.raises(SystemExit, match="no cell nope"):
+        zt.import_file("ch99", str(bad))
+    bad.write_text("=== string 9\n文字\n")
+    with pytest.raises(SystemExit, match=r"string 9 out of range \(0..3\)"):
+        zt.import_file("ch99", str(bad))
