@@ -11,6 +11,8 @@ import numbers
 import re
 from typing import Any
 
+from .i18n import tr
+
 __all__ = ["parse_number"]
 
 # ----------------------------------------------------------------------------
@@ -49,22 +51,23 @@ def parse_number(answer: Any) -> float:
     Raises ValueError with a learner-readable message otherwise.
     """
     if isinstance(answer, bool):
-        raise ValueError("a number is expected, not True/False")
+        raise ValueError(tr("a number is expected, not True/False"))
     if hasattr(answer, "item") and getattr(answer, "ndim", 0) == 0:
         try:
             answer = answer.item()
         except (RuntimeError, ValueError):         # e.g. a meta tensor
-            raise ValueError("this tensor holds no value to read") from None
+            raise ValueError(tr("this tensor holds no value to read")) \
+                from None
     if isinstance(answer, numbers.Real):
         try:
             value = float(answer)
         except OverflowError:                      # e.g. 10**400
-            raise ValueError("the number is too large to be an answer") \
-                from None
+            raise ValueError(tr("the number is too large to be an "
+                                "answer")) from None
     elif isinstance(answer, str):
         text = _normalise_commas(answer.strip())
         if not text:
-            raise ValueError("the answer is empty: type a number")
+            raise ValueError(tr("the answer is empty: type a number"))
         whole, frac = _NUMBER_RE.match(text), _FRACTION_RE.match(text)
         try:
             if not (whole or frac):
@@ -72,14 +75,15 @@ def parse_number(answer: Any) -> float:
             value = (float(frac.group(1)) / float(frac.group(2)) if frac
                      else float(text))
         except (ValueError, ZeroDivisionError):
-            raise ValueError(f"{answer.strip()!r:.40} is not a number "
-                             "(write e.g. 0.25, 2.5e-3 or 1/4)") from None
+            raise ValueError(tr(
+                "{answer} is not a number (write e.g. 0.25, 2.5e-3 or 1/4)",
+                answer=f"{answer.strip()!r:.40}")) from None
     else:
-        raise ValueError(
-            f"a number is expected, got a {type(answer).__name__}")
+        raise ValueError(tr("a number is expected, got a {type}",
+                            type=type(answer).__name__))
     if not math.isfinite(value):
-        raise ValueError(f"{str(answer).strip()!r:.40} is not a finite "
-                         f"number")
+        raise ValueError(tr("{answer} is not a finite number",
+                            answer=f"{str(answer).strip()!r:.40}"))
     return value
 
 

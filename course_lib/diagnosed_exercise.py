@@ -25,6 +25,7 @@ import copy
 import math
 from typing import Any, Callable, Sequence
 
+from .i18n import tr
 from .function_exercise import (_STOPS, FunctionExercise, compare_values,
                                 time_limit)
 
@@ -74,26 +75,36 @@ class DiagnosedFunctionExercise(FunctionExercise):
         (None if none does). For tests and for readers of the code."""
         expected = self.reference(*copy.deepcopy(args),
                                   **copy.deepcopy(kwargs))
-        text = self._hint(args, kwargs, expected, got=got)
-        return text.strip().removeprefix("Likely mistake: ") or None
+        return self._likely_mistake(args, kwargs, expected, got=got)
 
     def _hint(self, args: tuple, kwargs: dict, expected: Any, *,
               got: Any = None, error: BaseException | None = None) -> str:
+        hint = self._likely_mistake(args, kwargs, expected, got=got,
+                                    error=error)
+        return "" if hint is None else tr(" Likely mistake: {hint}",
+                                          hint=tr(hint))
+
+    def _likely_mistake(self, args: tuple, kwargs: dict, expected: Any, *,
+                        got: Any = None,
+                        error: BaseException | None = None) -> str | None:
+        """The hint of the first mistake that behaves like the learner's
+        code on this case: raises the same exception, or returns ``got``
+        where the reference returns something else."""
         for wrong, hint in self.mistakes:
             try:
                 with time_limit(self.time_limit):
                     out = wrong(*copy.deepcopy(args), **copy.deepcopy(kwargs))
             except _STOPS as exc:
                 if error is not None and type(exc) is type(error):
-                    return f" Likely mistake: {hint}"
+                    return hint
                 continue
             if error is not None:
                 continue
             if _same(expected, out, self.rtol, self.atol):
                 continue                 # harmless on this case
             if _same(out, got, self.rtol, self.atol):
-                return f" Likely mistake: {hint}"
-        return ""
+                return hint
+        return None
 
 
 def _dtype_problem(expected: Any, got: Any) -> str | None:
@@ -102,7 +113,8 @@ def _dtype_problem(expected: Any, got: Any) -> str | None:
     import torch
     if isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor) \
             and expected.dtype.is_floating_point and expected.dtype != got.dtype:
-        return f"expected dtype {expected.dtype}, got {got.dtype}"
+        return tr("expected dtype {expected}, got {got}",
+                  expected=expected.dtype, got=got.dtype)
     return None
 
 

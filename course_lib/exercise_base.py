@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .i18n import tr
 from .markdown import markdown_to_html
 from .widgets import check_key, widget_bundle
 
@@ -79,8 +80,9 @@ class Exercise:
         try:
             return self.check(answer)
         except Exception as exc:  # a checker must never show a traceback
-            return Feedback(False, f"Could not check this answer "
-                                   f"({type(exc).__name__}: {exc}).")
+            return Feedback(False, tr(
+                "Could not check this answer ({error}).",
+                error=f"{type(exc).__name__}: {exc}"))
 
     def widget(self) -> Any:
         """The live ipywidget (built once)."""
@@ -89,9 +91,10 @@ class Exercise:
 
             self.input = self._make_input()
             self.check_button = widgets.Button(
-                description="Check", button_style="primary")
-            self.hint_button = widgets.Button(description="Hint")
-            self.solution_button = widgets.Button(description="Solution")
+                description=tr("Check"), button_style="primary")
+            self.hint_button = widgets.Button(description=tr("Hint"))
+            self.solution_button = widgets.Button(
+                description=tr("Solution"))
             self.feedback = widgets.HTMLMath("")
             self.hint_box = widgets.HTMLMath("")
             self.solution_box = widgets.HTMLMath("")
@@ -103,20 +106,21 @@ class Exercise:
 
             def on_hint(_: Any) -> None:
                 self.hint_box.value = ("" if self.hint_box.value else
-                                       "<b>Hint.</b> "
-                                       + markdown_to_html(self.hint))
+                                       f"<b>{tr('Hint.')}</b> "
+                                       + markdown_to_html(tr(self.hint)))
 
             def on_solution(_: Any) -> None:
                 self.solution_box.value = (
                     "" if self.solution_box.value else
-                    "<b>Solution.</b> " + markdown_to_html(self.solution))
+                    f"<b>{tr('Solution.')}</b> "
+                    + markdown_to_html(tr(self.solution)))
 
             self.check_button.on_click(on_check)
             self.hint_button.on_click(on_hint)
             self.solution_button.on_click(on_solution)
             self._widget = widgets.VBox([
-                widgets.HTMLMath(f"<b>Exercise.</b> "
-                                 f"{markdown_to_html(self.prompt)}"),
+                widgets.HTMLMath(f"<b>{tr('Exercise.')}</b> "
+                                 f"{markdown_to_html(tr(self.prompt))}"),
                 self.input,
                 widgets.HBox([self.check_button, self.hint_button,
                               self.solution_button]),
@@ -125,17 +129,21 @@ class Exercise:
 
     # -- static HTML -----------------------------------------------------------
     def static_html(self) -> str:
-        """Self-contained HTML for pages with no kernel."""
+        """Self-contained HTML for pages with no kernel (in the current
+        language, :mod:`course_lib.i18n`)."""
         dom = f"ti-ex-{self.key}"
-        md = lambda s: markdown_to_html(s, tex_delimiters=True)  # noqa: E731
+
+        def md(text: str) -> str:
+            return markdown_to_html(tr(text), tex_delimiters=True)
         return (
             f'<div class="ti-exercise mathjax_process" id="{dom}">\n'
-            f'<div class="ti-prompt" id="{dom}-prompt"><strong>Exercise.'
-            f'</strong> {md(self.prompt)}</div>\n{self._static_body()}\n'
-            f'<details class="ti-hint"><summary>Hint</summary>'
+            f'<div class="ti-prompt" id="{dom}-prompt"><strong>'
+            f'{tr("Exercise.")}</strong> {md(self.prompt)}</div>\n'
+            f'{self._static_body()}\n'
+            f'<details class="ti-hint"><summary>{tr("Hint")}</summary>'
             f'{md(self.hint)}</details>\n'
-            f'<details class="ti-solution"><summary>Solution</summary>'
-            f'{md(self.solution)}</details>\n</div>')
+            f'<details class="ti-solution"><summary>{tr("Solution")}'
+            f'</summary>{md(self.solution)}</details>\n</div>')
 
     def _repr_mimebundle_(self, include: Any = None,
                           exclude: Any = None) -> dict:
@@ -147,12 +155,13 @@ class Exercise:
     @property
     def _name(self) -> str:
         """How assistive technology names this exercise's controls."""
-        return f"exercise {self.key}"
+        return tr("exercise {key}", key=self.key)
 
 
 def _inline_html(text: str) -> str:
-    """One feedback message or option label, Markdown rendered to HTML."""
-    return markdown_to_html(text, tex_delimiters=True, inline=True)
+    """One feedback message or option label (translated, :func:`tr`),
+    Markdown rendered to HTML."""
+    return markdown_to_html(tr(text), tex_delimiters=True, inline=True)
 
 
 # The page's JavaScript shows feedback through this one function: the
@@ -160,7 +169,12 @@ def _inline_html(text: str) -> str:
 # to insert); the maths in it is typeset by MathJax when the page has it.
 # Colours come from the classes ti-correct / ti-wrong (the book's
 # stylesheet sets them for light and dark mode).
-_SHOW_JS = """  function show(out, ok, html) {
+_SHOW_JS = """  // a message template with {field} replaced (a function, so that the
+  // "$" of maths in the text is never read as a replacement pattern)
+  function fill(template, field, text) {
+    return template.replace("{" + field + "}", function () { return text; });
+  }
+  function show(out, ok, html) {
     out.innerHTML = html;
     out.classList.toggle("ti-correct", ok === true);
     out.classList.toggle("ti-wrong", ok === false);

@@ -25,7 +25,14 @@ from typing import Any, Sequence
 
 from .answers import _exact, parse_number
 from .exercise_base import _SHOW_JS, Exercise, Feedback, _inline_html
+from .i18n import tr
 from .validation import check_real
+
+# Messages that are also shown by the pages' JavaScript (same templates).
+_PLACEHOLDER = "your answer, e.g. 0.25 or 1/4"
+_TYPE_A_NUMBER = "type a number (e.g. 0.25, 2.5e-3 or 1/4)"
+_TOO_LARGE = "Not correct: {value} is too large. Try the hint."
+_TOO_SMALL = "Not correct: {value} is too small. Try the hint."
 
 __all__ = ["Feedback", "Exercise", "NumericExercise", "ChoiceExercise",
            "parse_number"]
@@ -66,37 +73,48 @@ class NumericExercise(Exercise):
         try:
             value = parse_number(answer)
         except ValueError as exc:
-            return Feedback(False, f"Not a usable answer: {exc}.")
+            return Feedback(False, tr("Not a usable answer: {error}.",
+                                      error=exc))
         if self._close(value, self.answer):
-            return Feedback(True, f"Correct: {_exact(value)}.")
+            return Feedback(True, tr("Correct: {value}.",
+                                     value=_exact(value)))
         for target, message in self.mistakes:
             if self._close(value, target):
-                return Feedback(False, f"Not quite. {message}")
-        side = "large" if value > self.answer else "small"
-        return Feedback(False, f"Not correct: {_exact(value)} is too "
-                               f"{side}. Try the hint.")
+                return Feedback(False, tr("Not quite. {message}",
+                                          message=tr(message)))
+        return Feedback(False, tr(_TOO_LARGE if value > self.answer
+                                  else _TOO_SMALL, value=_exact(value)))
 
     def _make_input(self) -> Any:
         import ipywidgets as widgets
-        return widgets.Text(placeholder="your answer, e.g. 0.25 or 1/4",
-                            description="Answer:")
+        return widgets.Text(placeholder=tr(_PLACEHOLDER),
+                            description=tr("Answer:"))
 
     def _read_input(self) -> Any:
         return self.input.value
 
     def _static_body(self) -> str:
         dom = f"ti-ex-{self.key}"
+        # the messages, translated here; JavaScript fills in {value} and
+        # {message} (the same templates as check())
+        t = {"unusable": tr("Not a usable answer: {error}.",
+                            error=tr(_TYPE_A_NUMBER)),
+             "correct": tr("Correct: {value}."),
+             "quite": tr("Not quite. {message}"),
+             "large": tr(_TOO_LARGE), "small": tr(_TOO_SMALL)}
         data = json.dumps({"answer": self.answer, "rtol": self.rtol,
-                           "atol": self.atol,
+                           "atol": self.atol, "t": t,
                            "mistakes": [[v, _inline_html(m)]
-                                        for v, m in self.mistakes]})
+                                        for v, m in self.mistakes]},
+                          ensure_ascii=False)
         data = data.replace("</", "<\\/")    # never close the <script>
         name = html.escape(self._name)
         return f"""<p><input type="text" class="ti-answer" id="{dom}-answer"
-aria-label="Answer to {name}" aria-describedby="{dom}-prompt"
-placeholder="your answer, e.g. 0.25 or 1/4" enterkeyhint="done">
-<button type="button" class="ti-check"
-aria-label="Check the answer to {name}">Check</button></p>
+aria-label="{html.escape(tr('Answer to {name}', name=self._name))}"
+aria-describedby="{dom}-prompt"
+placeholder="{html.escape(tr(_PLACEHOLDER))}" enterkeyhint="done">
+<button type="button" class="ti-check" aria-label="{html.escape(tr(
+    'Check the answer to {name}', name=self._name))}">{tr("Check")}</button></p>
 <p class="ti-feedback" role="status"></p>
 <script>
 (function () {{
@@ -121,11 +139,12 @@ aria-label="Check the answer to {name}">Check</button></p>
   function check() {{
     var out = root.querySelector(".ti-feedback");
     var v = parse(input.value);
-    if (v === null) return show(out, false, "\\u2717 Not a usable answer: type a number (e.g. 0.25, 2.5e-3 or 1/4).");
-    if (close(v, d.answer)) return show(out, true, "\\u2713 Correct: " + exact(v) + ".");
+    if (v === null) return show(out, false, "\\u2717 " + d.t.unusable);
+    if (close(v, d.answer))
+      return show(out, true, "\\u2713 " + fill(d.t.correct, "value", exact(v)));
     var hit = d.mistakes.filter(function (m) {{ return close(v, m[0]); }})[0];
-    show(out, false, hit ? "\\u2717 Not quite. " + hit[1] : "\\u2717 Not correct: " +
-         exact(v) + " is too " + (v > d.answer ? "large" : "small") + ". Try the hint.");
+    show(out, false, "\\u2717 " + (hit ? fill(d.t.quite, "message", hit[1])
+         : fill(d.t[v > d.answer ? "large" : "small"], "value", exact(v))));
   }}
   root.querySelector(".ti-check").addEventListener("click", check);
   input.addEventListener("keydown", function (e) {{
@@ -167,29 +186,35 @@ class ChoiceExercise(Exercise):
 
     def check(self, answer: Any) -> Feedback:
         if answer is None:
-            return Feedback(False, "Pick an option first.")
+            return Feedback(False, tr("Pick an option first."))
         if isinstance(answer, str):
             if answer not in self.options:
-                return Feedback(False, f"{answer!r} is not one of the "
-                                       "options.")
+                return Feedback(False, tr("{answer} is not one of the "
+                                          "options.", answer=repr(answer)))
             index = self.options.index(answer)
         elif isinstance(answer, numbers.Integral) and not isinstance(
                 answer, bool):
             index = int(answer)
             if not 0 <= index < len(self.options):
-                return Feedback(False, f"There is no option {index}: pick "
-                                f"0 to {len(self.options) - 1}.")
+                return Feedback(False, tr(
+                    "There is no option {index}: pick 0 to {last}.",
+                    index=index, last=len(self.options) - 1))
         else:
-            return Feedback(False, "Answer with an option's text or index, "
-                            f"not a {type(answer).__name__}.")
-        why = self.explanations[index]
+            return Feedback(False, tr(
+                "Answer with an option's text or index, not a {type}.",
+                type=type(answer).__name__))
+        why = tr(self.explanations[index])
         if index == self.answer:
-            return Feedback(True, "Correct. " + why)
-        return Feedback(False, "Not this one. " + (why or "Try the hint."))
+            return Feedback(True, tr("Correct. {explanation}",
+                                     explanation=why))
+        return Feedback(False, tr("Not this one. {explanation}",
+                                  explanation=why or tr("Try the hint.")))
 
     def _make_input(self) -> Any:
         import ipywidgets as widgets
-        return widgets.RadioButtons(options=self.options, value=None,
+        # shown translated; the value read back is the option itself
+        return widgets.RadioButtons(options=[(tr(o), o) for o in
+                                             self.options], value=None,
                                     layout=widgets.Layout(width="auto"))
 
     def _read_input(self) -> Any:
@@ -201,17 +226,23 @@ class ChoiceExercise(Exercise):
             f'<label class="ti-option"><input type="radio" name="{dom}-opt" '
             f'value="{i}"> {_inline_html(o)}</label><br>'
             for i, o in enumerate(self.options))
-        data = json.dumps({"answer": self.answer,
+        t = {"first": tr("Pick an option first."),
+             "correct": tr("Correct. {explanation}"),
+             "wrong": tr("Not this one. {explanation}"),
+             "hint": tr("Try the hint.")}
+        data = json.dumps({"answer": self.answer, "t": t,
                            "explanations": [_inline_html(e)
-                                            for e in self.explanations]})
+                                            for e in self.explanations]},
+                          ensure_ascii=False)
         data = data.replace("</", "<\\/")    # never close the <script>
         name = html.escape(self._name)
         return f"""<div class="ti-options" role="radiogroup"
-aria-label="Options for {name}" aria-describedby="{dom}-prompt">
+aria-label="{html.escape(tr('Options for {name}', name=self._name))}"
+aria-describedby="{dom}-prompt">
 {radios}
 </div>
-<p><button type="button" class="ti-check"
-aria-label="Check the answer to {name}">Check</button></p>
+<p><button type="button" class="ti-check" aria-label="{html.escape(tr(
+    'Check the answer to {name}', name=self._name))}">{tr("Check")}</button></p>
 <p class="ti-feedback" role="status"></p>
 <script>
 (function () {{
@@ -220,10 +251,11 @@ aria-label="Check the answer to {name}">Check</button></p>
 {_SHOW_JS}  function check() {{
     var out = root.querySelector(".ti-feedback");
     var picked = root.querySelector("input[type=radio]:checked");
-    if (!picked) return show(out, null, "Pick an option first.");
+    if (!picked) return show(out, null, d.t.first);
     var i = Number(picked.value), ok = i === d.answer;
-    show(out, ok, (ok ? "\\u2713 Correct. " : "\\u2717 Not this one. ") +
-         (d.explanations[i] || (ok ? "" : "Try the hint.")));
+    var why = d.explanations[i] || (ok ? "" : d.t.hint);
+    show(out, ok, (ok ? "\\u2713 " : "\\u2717 ") +
+         fill(d.t[ok ? "correct" : "wrong"], "explanation", why));
   }}
   root.querySelector(".ti-check").addEventListener("click", check);
   root.querySelector(".ti-options").addEventListener("keydown", function (e) {{

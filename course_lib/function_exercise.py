@@ -24,7 +24,12 @@ import traceback
 from typing import Any, Callable, Iterator, Sequence
 
 from .exercises import Exercise, Feedback, parse_number
+from .i18n import tr
 from .validation import check_real
+
+_NEEDS_PYTHON = ("Checking code needs Python: open this chapter in Colab "
+                 "(button at the top) or Jupyter, write the function in the "
+                 "box and press Check.")
 
 __all__ = ["FunctionExercise", "compare_values", "time_limit",
            "LearnerTimeout"]
@@ -84,8 +89,10 @@ def _describe(value: Any) -> str:
         shape = tuple(value.shape)
         if getattr(value, "numel", lambda: value.size)() <= 12:
             flat = value.tolist()
-            return f"{kind} {flat} (shape {shape}, dtype {value.dtype})"
-        return f"{kind} of shape {shape}, dtype {value.dtype}"
+            return tr("{kind} {values} (shape {shape}, dtype {dtype})",
+                      kind=kind, values=flat, shape=shape, dtype=value.dtype)
+        return tr("{kind} of shape {shape}, dtype {dtype}", kind=kind,
+                  shape=shape, dtype=value.dtype)
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -103,28 +110,31 @@ def compare_values(expected: Any, got: Any, *, rtol: float = 1e-5,
 
     if isinstance(expected, (torch.Tensor, np.ndarray)):
         if not isinstance(got, (torch.Tensor, np.ndarray)):
-            return (f"expected a {type(expected).__name__}, got "
-                    f"{_describe(got)}")
+            return tr("expected a {type}, got {got}",
+                      type=type(expected).__name__, got=_describe(got))
         exp = torch.as_tensor(np.asarray(expected) if isinstance(
             expected, np.ndarray) else expected)
         out = torch.as_tensor(np.asarray(got) if isinstance(
             got, np.ndarray) else got)
         if tuple(exp.shape) != tuple(out.shape):
-            return (f"expected shape {tuple(exp.shape)}, got shape "
-                    f"{tuple(out.shape)}")
+            return tr("expected shape {expected}, got shape {got}",
+                      expected=tuple(exp.shape), got=tuple(out.shape))
         if (exp.dtype == torch.bool) != (out.dtype == torch.bool):
-            return (f"expected dtype {exp.dtype}, got {out.dtype}")
+            return tr("expected dtype {expected}, got {got}",
+                      expected=exp.dtype, got=out.dtype)
         if exp.dtype == torch.bool:
             bad = (exp != out)
             if bad.any():
                 where = tuple(bad.nonzero()[0].tolist())
-                return (f"entry {where} should be {bool(exp[where])}, got "
-                        f"{bool(out[where])}")
+                return tr("entry {where} should be {expected}, got {got}",
+                          where=where, expected=bool(exp[where]),
+                          got=bool(out[where]))
             return None
         exp, out = exp.double(), out.double()
         if torch.isnan(out).any() and not torch.isnan(exp).any():
             where = tuple(torch.isnan(out).nonzero()[0].tolist())
-            return f"your result contains NaN (first at index {where})"
+            return tr("your result contains NaN (first at index {where})",
+                      where=where)
         if not torch.allclose(out, exp, rtol=rtol, atol=atol,
                               equal_nan=True):
             # Equal entries (including matching infinities, whose
@@ -133,29 +143,32 @@ def compare_values(expected: Any, got: Any, *, rtol: float = 1e-5,
                                (out - exp).abs().nan_to_num(float("inf")))
             where = tuple(int(i) for i in torch.unravel_index(
                 diff.argmax(), diff.shape)) if diff.ndim else ()
-            return (f"values differ: at index {where} expected "
-                    f"{exp[where].item():.6g}, got {out[where].item():.6g}")
+            return tr("values differ: at index {where} expected "
+                      "{expected:.6g}, got {got:.6g}", where=where,
+                      expected=exp[where].item(), got=out[where].item())
         return None
     if isinstance(expected, numbers.Real) and not isinstance(expected, bool):
         try:
             value = parse_number(got)
         except ValueError:
-            return f"expected a number, got {_describe(got)}"
+            return tr("expected a number, got {got}", got=_describe(got))
         if not math.isclose(value, float(expected), rel_tol=rtol,
                             abs_tol=atol):
-            return f"expected {float(expected):.6g}, got {value:.6g}"
+            return tr("expected {expected:.6g}, got {got:.6g}",
+                      expected=float(expected), got=value)
         return None
     if isinstance(expected, (list, tuple)):
         if not isinstance(got, (list, tuple)) or len(got) != len(expected):
-            return (f"expected a sequence of length {len(expected)}, got "
-                    f"{_describe(got)}")
+            return tr("expected a sequence of length {n}, got {got}",
+                      n=len(expected), got=_describe(got))
         for i, (e, g) in enumerate(zip(expected, got)):
             problem = compare_values(e, g, rtol=rtol, atol=atol)
             if problem:
-                return f"element {i}: {problem}"
+                return tr("element {i}: {problem}", i=i, problem=problem)
         return None
-    return None if got == expected else (
-        f"expected {_describe(expected)}, got {_describe(got)}")
+    return None if got == expected else tr(
+        "expected {expected}, got {got}", expected=_describe(expected),
+        got=_describe(got))
 
 
 class FunctionExercise(Exercise):
@@ -207,26 +220,29 @@ class FunctionExercise(Exercise):
         if callable(answer):
             return answer
         if not isinstance(answer, str):
-            return Feedback(False, f"Give a function or its source code, "
-                                   f"not a {type(answer).__name__}.")
+            return Feedback(False, tr(
+                "Give a function or its source code, not a {type}.",
+                type=type(answer).__name__))
         import numpy as np
         import torch
         namespace = {"torch": torch, "np": np, "numpy": np, "math": math}
         try:
             code = compile(answer, f"<your {self.func_name}>", "exec")
         except SyntaxError as exc:
-            return Feedback(False, f"Syntax error on line {exc.lineno}: "
-                                   f"{exc.msg}.")
+            return Feedback(False, tr("Syntax error on line {line}: "
+                                      "{message}.", line=exc.lineno,
+                                      message=exc.msg))
         try:
             with time_limit(self.time_limit):
                 exec(code, namespace)
         except _STOPS as exc:
-            return Feedback(False, "Running your code " + _what_happened(
-                exc, self.time_limit))
+            return Feedback(False, tr("Running your code {what}",
+                                      what=_what_happened(exc,
+                                                          self.time_limit)))
         func = namespace.get(self.func_name)
         if not callable(func):
-            return Feedback(False, f"Define a function named "
-                                   f"`{self.func_name}`.")
+            return Feedback(False, tr("Define a function named `{name}`.",
+                                      name=self.func_name))
         return func
 
     def check(self, answer: Any) -> Feedback:
@@ -241,17 +257,19 @@ class FunctionExercise(Exercise):
                 with time_limit(self.time_limit):
                     got = func(*copy.deepcopy(args), **copy.deepcopy(kwargs))
             except _STOPS as exc:
-                return Feedback(False, f"Case {i}, `{call}`: your function "
-                                + _what_happened(exc, self.time_limit)
+                return Feedback(False, tr(
+                    "Case {i}, `{call}`: your function {what}", i=i,
+                    call=call, what=_what_happened(exc, self.time_limit))
                                 + _learner_line(exc)
                                 + self._hint(args, kwargs, expected,
                                              error=exc))
             problem = self._problem(expected, got)
             if problem:
-                return Feedback(False, f"Case {i}, `{call}`: {problem}."
+                return Feedback(False, tr("Case {i}, `{call}`: {problem}.",
+                                          i=i, call=call, problem=problem)
                                 + self._hint(args, kwargs, expected,
                                              got=got))
-        return Feedback(True, f"All {len(self.cases)} cases pass.")
+        return Feedback(True, tr("All {n} cases pass.", n=len(self.cases)))
 
     def _problem(self, expected: Any, got: Any) -> str | None:
         """What is wrong with ``got`` on a case (None if it is right)."""
@@ -280,9 +298,7 @@ class FunctionExercise(Exercise):
     def _static_body(self) -> str:
         return (f'<pre class="ti-code"><code>'
                 f'{html.escape(self.starter_code)}</code></pre>\n'
-                '<p class="ti-note"><em>Checking code needs Python: open this '
-                'chapter in Colab (button at the top) or Jupyter, write the '
-                'function in the box and press Check.</em></p>')
+                f'<p class="ti-note"><em>{tr(_NEEDS_PYTHON)}</em></p>')
 
 
 def _short(value: Any) -> str:
@@ -295,14 +311,14 @@ def _short(value: Any) -> str:
 def _what_happened(exc: BaseException, seconds: float) -> str:
     """How learner code ended, as the end of a feedback sentence."""
     if isinstance(exc, LearnerTimeout):
-        return (f"did not finish within {seconds:g} s (an endless loop, or "
-                f"a sleep?)")
+        return tr("did not finish within {seconds:g} s (an endless loop, "
+                  "or a sleep?)", seconds=seconds)
     if isinstance(exc, SystemExit):
-        return ("called exit() (or raised SystemExit), which would end "
-                "the notebook's kernel: return a value instead")
+        return tr("called exit() (or raised SystemExit), which would end "
+                  "the notebook's kernel: return a value instead")
     if isinstance(exc, KeyboardInterrupt):
-        return "was interrupted (KeyboardInterrupt) before it finished"
-    return f"raised {type(exc).__name__}: {exc}"
+        return tr("was interrupted (KeyboardInterrupt) before it finished")
+    return tr("raised {error}", error=f"{type(exc).__name__}: {exc}")
 
 
 def _learner_line(exc: BaseException) -> str:
@@ -310,5 +326,5 @@ def _learner_line(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
         if frame.filename.startswith("<your "):
-            return f" (line {frame.lineno} of your code)"
+            return tr(" (line {line} of your code)", line=frame.lineno)
     return ""

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .frames import (FRAME_DENSITY, clipped_texts, draw_frame,
                      figure_to_png, frame_font_pt, frame_png,
                      smallest_text_pt)
+from .i18n import tr
 from .markdown import markdown_to_html
 from .source import show_source, source_lines
 
@@ -46,6 +47,9 @@ __all__ = ["Explorer", "in_colab", "markdown_to_html", "figure_to_png",
 
 _KEY_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 MAX_FRAMES = 40  # page-weight budget: frames are inlined PNGs
+_PRE_RENDERED = ("Pre-rendered frames for the slider values. To explore "
+                 "freely, open this chapter in Colab (button at the top) or "
+                 "Jupyter.")
 
 
 def in_colab() -> bool:
@@ -213,18 +217,20 @@ class Explorer:
             shown = json.dumps([_fmt(v) for v in values])
             sliders.append(
                 f'<label class="ti-control" style="display:block">'
-                f'{html.escape(self.labels[name])} '
+                f'{html.escape(tr(self.labels[name]))} '
                 f'<input type="range" min="0" max="{len(values) - 1}" '
                 f'step="1" value="{idx}" data-control="{i}" '
                 f"data-values='{html.escape(shown, quote=True)}' "
-                f'aria-label="{html.escape(self.labels[name])}" '
+                f'aria-label="{html.escape(tr(self.labels[name]))}" '
                 f'aria-valuetext="{html.escape(_fmt(self.initial[name]))}"> '
                 f'<output>{html.escape(_fmt(self.initial[name]))}</output>'
                 f'</label>')
         sizes = [len(v) for v in self.controls.values()]
         first = self.combinations().index(self.initial)
-        alt = html.escape(f"{self.title} (interactive figure)")
-        title = markdown_to_html(f"**{self.title}**", tex_delimiters=True)
+        alt = html.escape(tr("{title} (interactive figure)",
+                             title=tr(self.title)))
+        title = markdown_to_html(f"**{tr(self.title)}**",
+                                 tex_delimiters=True)
         return f"""<div class="ti-explorer mathjax_process" id="{dom}">
 <div class="ti-explorer-title">{title}</div>
 <div class="ti-controls">{''.join(sliders)}</div>
@@ -232,8 +238,7 @@ class Explorer:
 width="{width_css}" data-font-px="{font_px:.2f}"
 data-clipped-text="{clipped}"
 style="max-width:100%;height:auto">
-<p class="ti-note"><em>Pre-rendered frames for the slider values. To explore
-freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
+<p class="ti-note"><em>{tr(_PRE_RENDERED)}</em></p>
 <script type="application/json" class="ti-frames">{json.dumps(frames)}</script>
 <script>
 (function () {{
@@ -269,7 +274,7 @@ freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
                 name: widgets.SelectionSlider(
                     options=[(_fmt(v), v) for v in values],
                     value=self.initial[name],
-                    description=self.labels[name],
+                    description=tr(self.labels[name]),
                     continuous_update=False,
                     style={"description_width": "initial"},
                     layout=widgets.Layout(width="420px"))
@@ -288,7 +293,8 @@ freely, open this chapter in Colab (button at the top) or Jupyter.</em></p>
             for s in sliders.values():
                 s.observe(redraw, names="value")
             redraw()
-            title = widgets.HTMLMath(markdown_to_html(f"**{self.title}**"))
+            title = widgets.HTMLMath(markdown_to_html(
+                f"**{tr(self.title)}**"))
             self._widget = widgets.VBox([title, *sliders.values(), image])
             self.sliders, self.image = sliders, image
         return self._widget

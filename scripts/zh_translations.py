@@ -150,10 +150,10 @@ def save(notebook: Path, data: dict) -> None:
 
 
 # ------------------------------------------------------- what must survive
-_MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+?\$", re.S)
+_MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+?\$", re.S)   # may wrap lines
 _LABEL = re.compile(r"^\(([\w:.-]+)\)=\s*$", re.M)
 _ROLE = re.compile(r"\{(ref|numref|doc|cite:p|cite:t|term)\}`([^`]*)`")
-_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+_CODE = re.compile(r"(?<!`)`([^`]+)`(?!`)")              # may wrap lines
 
 
 def _role_target(kind: str, body: str) -> str:
@@ -172,7 +172,8 @@ def invariants(text: str) -> dict[str, collections.Counter]:
             re.sub(r"\s+", " ", m).strip() for m in _MATH.findall(text)),
         "labels": collections.Counter(_LABEL.findall(text)),
         "roles": collections.Counter(roles),
-        "code": collections.Counter(_CODE.findall(no_roles)),
+        "code": collections.Counter(
+            re.sub(r"\s+", " ", c) for c in _CODE.findall(no_roles)),
     }
 
 

@@ -13,7 +13,7 @@ import pytest
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
 HELPERS = {"validation", "timing", "training", "special_tokens", "threads",
            "widgets", "frames", "markdown", "source", "exercises",
-           "exercise_base", "answers", "function_exercise"}
+           "exercise_base", "answers", "function_exercise", "i18n"}
 
 
 def chapter_of(path: Path) -> int:
