@@ -21,6 +21,7 @@ translator updates exactly that and runs ``accept``.
 Commands (run from the repository root):
 
     python scripts/zh_translations.py export ch03   # add missing cells
+                                                    # (or intro, glossary)
     python scripts/zh_translations.py status        # per chapter counts
     python scripts/zh_translations.py stale [ch03]  # diffs to retranslate
     python scripts/zh_translations.py check [ch03]  # the test's checks
@@ -63,8 +64,21 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# Markdown pages of the book: one "cell" each, the whole page (``stale``
+# shows which lines of it changed).
+PAGES = ("intro", "glossary")
+
+
+def sources() -> list[Path]:
+    """Every English source the Chinese edition translates."""
+    return sorted(BOOK.glob("ch*.ipynb")) + [BOOK / f"{p}.md" for p in PAGES]
+
+
 def english_cells(notebook: Path) -> dict[str, str]:
-    """{cell id: markdown text} of an English notebook, in order."""
+    """{cell id: markdown text} of an English notebook, in order (a
+    Markdown page: {"page": its text})."""
+    if notebook.suffix == ".md":
+        return {"page": notebook.read_text()}
     nb = json.loads(notebook.read_text())
     return {c["id"]: "".join(c["source"]) for c in nb["cells"]
             if c["cell_type"] == "markdown"}
@@ -82,6 +96,8 @@ def reader_strings(notebook: Path) -> list[str]:
     of a call to ``...Exercise(...)`` or ``Explorer(...)`` (dict keys
     excluded: they name controls), in order, without repeats."""
     import ast
+    if notebook.suffix == ".md":
+        return []
     nb = json.loads(notebook.read_text())
     found: dict[str, None] = {}
     trees = []
@@ -124,7 +140,10 @@ def reader_strings(notebook: Path) -> list[str]:
 
 
 def notebook_for(chapter: str) -> Path:
-    """``ch03`` (or a full stem) -> ``book/ch03_....ipynb``."""
+    """``ch03`` (or a full stem) -> ``book/ch03_....ipynb``; ``intro``,
+    ``glossary`` -> ``book/intro.md``, ``book/glossary.md``."""
+    if chapter in PAGES:
+        return BOOK / f"{chapter}.md"
     found = sorted(BOOK.glob(f"{chapter}*.ipynb"))
     if len(found) != 1:
         raise SystemExit(f"chapter must name one notebook in book/, got "
@@ -247,7 +266,7 @@ def export(chapter: str) -> None:
 
 
 def status(chapters: list[str]) -> None:
-    nbs = [notebook_for(c) for c in chapters] or sorted(BOOK.glob("ch*.ipynb"))
+    nbs = [notebook_for(c) for c in chapters] or sources()
     print(f"{'notebook':<42}{'cells':>6}{'done':>6}{'stale':>6}{'to do':>7}"
           f"{'strings':>9}{'done':>6}")
     for nb in nbs:
@@ -264,7 +283,7 @@ def status(chapters: list[str]) -> None:
 
 
 def stale(chapters: list[str]) -> None:
-    nbs = [notebook_for(c) for c in chapters] or sorted(BOOK.glob("ch*.ipynb"))
+    nbs = [notebook_for(c) for c in chapters] or sources()
     for nb in nbs:
         en = english_cells(nb)
         for cid, entry in load(nb)["cells"].items():
@@ -331,7 +350,7 @@ def import_file(chapter: str, path: str) -> None:
 
 
 def check(chapters: list[str]) -> int:
-    nbs = [notebook_for(c) for c in chapters] or sorted(BOOK.glob("ch*.ipynb"))
+    nbs = [notebook_for(c) for c in chapters] or sources()
     found = [p for nb in nbs for p in problems(nb)]
     print("\n".join(found) or "ok")
     return 1 if found else 0
