@@ -10,13 +10,14 @@ export PYTHONHASHSEED := 0
 
 .PHONY: help venv vendor book test test-unit test-notebooks test-build \
         test-browser test-colab screenshots notebooks sync bench mutation \
-        clean checkpoints
+        clean checkpoints zh
 
 help:
-	@echo "make book        build the HTML book into _build/html"
+	@echo "make book        build the HTML book into _build/html (Chinese: zh/)"
 	@echo "make test        unit tests, nbval (strict), strict build, browser"
 	@echo "make test-colab  run each chapter in a simulated fresh Colab"
 	@echo "make notebooks   re-execute notebooks in place (NB=path to pick one)"
+	@echo "make zh          write and run the Chinese notebooks (zh/book/)"
 	@echo "make bench       time chapters and the build -> benchmarks/results.md"
 	@echo "make checkpoints retrain chapter 7's two models (about 10 min)"
 	@echo "make mutation    mutation testing (MODULES=attention to pick modules)"
@@ -46,9 +47,16 @@ $(VENDOR): book/_ext/package.json
 
 vendor: $(VENDOR)
 
+# The Chinese edition (zh/, written by `make zh`) is built on its own and
+# copied under the English one, to _build/html/zh/.
+BUILD_ZH = rm -rf _build/zh _build/html/zh && \
+	$(BIN)/jupyter-book build zh $(BUILD_FLAGS) --path-output _build/zh && \
+	cp -r _build/zh/_build/html _build/html/zh
+
 book: $(STAMP) vendor
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
-	@echo "Book built: $(CURDIR)/_build/html/index.html"
+	$(BUILD_ZH)
+	@echo "Book built: $(CURDIR)/_build/html/index.html (Chinese: zh/index.html)"
 
 test: test-unit test-notebooks test-build test-browser
 
@@ -80,6 +88,7 @@ test-notebooks: $(STAMP)
 test-build: $(STAMP) vendor
 	rm -rf _build/html _build/.doctrees
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
+	$(BUILD_ZH)
 
 # Needs the book built by test-build; skipped (with the reason) when the
 # machine has no Chromium.
@@ -105,6 +114,11 @@ test-colab: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/python scripts/run_notebooks.py $(NB)
+
+# After changing a chapter or its translation (course_lib/locale/zh/):
+# rewrite zh/book/ from the English notebooks and run it (about 7 min).
+zh: $(STAMP)
+	$(BIN)/python scripts/build_zh.py --execute
 
 sync: $(STAMP)
 	$(BIN)/python scripts/sync_setup_cells.py

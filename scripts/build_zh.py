@@ -1,0 +1,189 @@
+"""Write the Chinese edition's sources from the English book (issue 16).
+
+For every chapter, ``zh/book/<name>.ipynb`` is the English notebook with
+- each markdown cell replaced by its Chinese translation
+  (``course_lib/locale/zh/<name>.json``, see ``zh_translations.py``);
+- one cell added after the Colab setup cell, ``set_language("zh")``,
+  which makes the exercises and explorers speak Chinese (tagged
+  ``zh-language`` and, like the setup cell, ``remove-cell``);
+- the "Open in Colab" badge pointed at the Chinese notebook;
+- every code cell, with its outputs, unchanged. ``--execute`` then runs
+  the notebooks (``run_notebooks.py``), so that the exercises' and
+  explorers' outputs are the Chinese ones; every other output stays what
+  the English run printed (``tests/test_zh_edition.py`` checks it).
+
+``zh/book/intro.md`` and ``zh/book/glossary.md`` are the translated pages.
+A chapter or page with any cell still untranslated is not written.
+``zh/_config.yml`` and ``zh/_toc.yml`` are the English ones with the
+Chinese title, part captions, language (``zh_CN``: Sphinx's Chinese
+search, which segments words with ``jieba``), and the repository path
+``zh`` (the launch buttons open ``zh/book/*.ipynb``). ``zh/book/images``,
+``_ext`` and ``references.bib`` are links to the English book's.
+
+Chinese text is stored as the translators wrote it; here, a line break
+between two Chinese characters is removed (HTML would show it as a space).
+
+    python scripts/build_zh.py            # write zh/book/
+    python scripts/build_zh.py --execute  # and run the notebooks (~7 min)
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import zh_translations as zt  # noqa: E402
+
+OUT = ROOT / "zh" / "book"
+COLAB = "https://colab.research.google.com/github/"
+LANGUAGE_CELL = ("# 中文版：练习和交互式图表使用中文。\n"
+                 "from course_lib.i18n import set_language\n\n"
+                 "set_language(\"zh\")")
+# CJK characters and full-width punctuation on both sides of a newline
+_CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
+_CJK_BREAK = re.compile(f"(?<=[{_CJK}])\\n(?=[{_CJK}])")
+_FENCE = re.compile(r"(^```.*?^```[^\n]*$|\$\$.*?\$\$)", re.M | re.S)
+
+
+def join_cjk_lines(text: str) -> str:
+    """Remove line breaks between two Chinese characters, except inside
+    fenced code and display maths."""
+    parts = _FENCE.split(text)
+    return "".join(p if i % 2 else _CJK_BREAK.sub("", p)
+                   for i, p in enumerate(parts))
+
+
+def zh_badge(text: str) -> str:
+    """Point the Colab badge (and any Colab link) at the Chinese notebook."""
+    return re.sub(r"(colab\.research\.google\.com/github/[^)\s\"]*?/blob/"
+                  r"[^/)\s\"]+/)book/", r"\1zh/book/", text)
+
+
+def chinese(entry: dict) -> str:
+    return zh_badge(join_cjk_lines(entry["zh"]))
+
+
+def language_cell() -> dict:
+    return {"cell_type": "code", "execution_count": None, "id": "zh-language",
+            "metadata": {"tags": ["zh-language", "remove-cell"]},
+            "outputs": [], "source": LANGUAGE_CELL.splitlines(True)}
+
+
+def zh_notebook(english: dict, cells: dict) -> dict:
+    """The Chinese notebook for an English one (``cells``: translations)."""
+    nb = copy.deepcopy(english)
+    out = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            cell["source"] = chinese(cells[cell["id"]]).splitlines(True)
+        out.append(cell)
+        if "colab-setup" in cell.get("metadata", {}).get("tags", []):
+            out.append(language_cell())
+    if not any(c.get("id") == "zh-language" for c in out):
+        raise SystemExit("no colab-setup cell to put the language cell after")
+    nb["cells"] = out
+    return nb
+
+
+def complete(source: Path) -> dict | None:
+    """The translations of ``source`` if every cell is translated and in
+    step with the English (None otherwise)."""
+    data = zt.load(source)
+    en = zt.english_cells(source)
+    cells = data["cells"]
+    if any(cells.get(c, {}).get("zh") is None for c in en) \
+            or zt.problems(source):
+        return None
+    return cells
+
+
+TITLE = "Transformer 内部原理"
+CAPTIONS = {
+    "Part I: Why attention": "第一部分：为什么需要注意力",
+    "Part II: Attention": "第二部分：注意力",
+    "Part III: The model": "第三部分：模型",
+    "Part IV: Inference and scale": "第四部分：推理与规模",
+    "Part V: A real model": "第五部分：一个真实的模型",
+    "Part VI: Scaling out": "第六部分：横向扩展",
+    "Reference": "参考",
+}
+HEADER = ("# Written by scripts/build_zh.py from the English book's file of "
+          "the same name:\n# edit that one and run `make zh`.\n")
+
+
+def config_texts() -> dict[str, str]:
+    """The text of zh/_config.yml and zh/_toc.yml, from the English ones."""
+    import yaml
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["title"] = TITLE
+    config["exclude_patterns"] = [p for p in config["exclude_patterns"]
+                                  if p != "zh"]
+    config["repository"]["path_to_book"] = "zh"
+    sphinx = config["sphinx"]["config"]
+    sphinx["language"] = "zh_CN"
+    sphinx["ti_language"] = "zh"
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    for part in toc["parts"]:
+        if part["caption"] not in CAPTIONS:
+            raise SystemExit(f"no Chinese caption for {part['caption']!r}: "
+                             f"add it to CAPTIONS in {Path(__file__).name}")
+        part["caption"] = CAPTIONS[part["caption"]]
+    return {name: HEADER + yaml.safe_dump(data, allow_unicode=True,
+                                          sort_keys=False)
+            for name, data in (("_config.yml", config), ("_toc.yml", toc))}
+
+
+def write_config() -> None:
+    """zh/_config.yml, zh/_toc.yml and the links into the English book."""
+    for name, text in config_texts().items():
+        (OUT.parent / name).write_text(text, encoding="utf-8")
+    for link in ("images", "_ext", "references.bib"):
+        path = OUT / link
+        if not path.is_symlink():
+            path.symlink_to(Path("..") / ".." / "book" / link)
+
+
+def write(execute: bool = False) -> list[Path]:
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_config()
+    written, skipped = [], []
+    for source in zt.sources():
+        cells = complete(source)
+        if cells is None:
+            skipped.append(source.name)
+            continue
+        target = OUT / source.name
+        if source.suffix == ".md":
+            target.write_text(chinese(cells["page"]), encoding="utf-8")
+        else:
+            nb = zh_notebook(json.loads(source.read_text()), cells)
+            target.write_text(json.dumps(nb, indent=1, ensure_ascii=False)
+                              + "\n", encoding="utf-8")
+        written.append(target)
+    print(f"wrote {len(written)} files to {OUT.relative_to(ROOT)}"
+          + (f"; not translated yet: {', '.join(skipped)}" if skipped else ""))
+    if execute:
+        from run_notebooks import run
+        for path in written:
+            if path.suffix == ".ipynb":
+                print(f"{path.relative_to(ROOT)}: {run(path):.1f} s",
+                      flush=True)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--execute", action="store_true",
+                        help="run the Chinese notebooks after writing them")
+    args = parser.parse_args(argv)
+    write(execute=args.execute)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The Chinese edition is the English book in Chinese (issue 16).
+
+``zh/book/`` is written by ``scripts/build_zh.py`` (``make zh``). These
+tests hold it to the English book, which nbval checks:
+- each Chinese notebook has the English cells in the same order, plus one
+  cell that selects the language;
+- every code cell is the English source, character for character;
+- every text output (printed text, ``text/plain``) is what the English
+  run printed, except in cells whose output nbval ignores (timings);
+- the markdown is the current translation, and the exercises were run in
+  Chinese (their pages say 练习, not Exercise);
+- ``zh/_config.yml`` and ``zh/_toc.yml`` are what the English ones give.
+So an English chapter re-executed, or a translation edited, without
+``make zh`` fails here.
+"""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+_spec = importlib.util.spec_from_file_location(
+    "build_zh", ROOT / "scripts" / "build_zh.py")
+bz = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bz)
+zt = bz.zt
+
+CHAPTERS = sorted((ROOT / "book").glob("ch*.ipynb"))
+
+
+def _texts(cell: dict) -> list[str]:
+    """Printed text and text/plain of a code cell's outputs."""
+    out = []
+    for o in cell.get("outputs", []):
+        if o["output_type"] == "stream":
+            out.append(f"{o['name']}: {''.join(o['text'])}")
+        elif o["output_type"] == "error":
+            out.append(f"error: {o['ename']}")
+        elif "text/plain" in o.get("data", {}):
+            out.append("".join(o["data"]["text/plain"]))
+    return out
+
+
+def _html(cell: dict) -> str:
+    return "".join("".join(o.get("data", {}).get("text/html", ""))
+                   for o in cell.get("outputs", []))
+
+
+@pytest.mark.parametrize("english", CHAPTERS, ids=lambda p: p.stem[:4])
+def test_chinese_notebook_is_the_english_one_in_chinese(english):
+    zh_path = ROOT / "zh" / "book" / english.name
+    assert zh_path.exists(), "run `make zh`"
+    en = json.loads(english.read_text())["cells"]
+    zh = json.loads(zh_path.read_text())["cells"]
+    language = [c for c in zh if c.get("id") == "zh-language"]
+    assert len(language) == 1
+    assert "".join(language[0]["source"]) == bz.LANGUAGE_CELL
+    assert "remove-cell" in language[0]["metadata"]["tags"]
+    zh = [c for c in zh if c.get("id") != "zh-language"]
+    assert [(c["id"], c["cell_type"]) for c in zh] == \
+        [(c["id"], c["cell_type"]) for c in en]
+    translations = zt.load(english)["cells"]
+    for e, z in zip(en, zh):
+        where = f"{english.stem} cell {e['id']}"
+        if e["cell_type"] == "markdown":
+            assert "".join(z["source"]) == bz.chinese(
+                translations[e["id"]]), f"{where}: run `make zh`"
+            continue
+        assert z["source"] == e["source"], where
+        assert z["metadata"].get("tags", []) == \
+            e["metadata"].get("tags", []), where
+        if "nbval-ignore-output" not in e["metadata"].get("tags", []):
+            assert _texts(z) == _texts(e), f"{where}: run `make zh`"
+        if "<strong>Exercise.</strong>" in _html(e):
+            assert "<strong>练习。</strong>" in _html(z), where
+
+
+def test_every_exercise_and_explorer_string_has_a_translation():
+    for english in CHAPTERS:
+        strings = zt.load(english).get("strings", {})
+        missing = [t for t in zt.reader_strings(english)
+                   if not strings.get(t)]
+        assert missing == [], english.stem
+
+
+@pytest.mark.parametrize("name", ["_config.yml", "_toc.yml"])
+def test_book_config_follows_the_english_one(name):
+    assert (ROOT / "zh" / name).read_text() == bz.config_texts()[name], \
+        "run `make zh`"
+
+
+@pytest.mark.parametrize("page", zt.PAGES)
+def test_translated_pages_are_current(page):
+    cells = bz.complete(ROOT / "book" / f"{page}.md")
+    target = ROOT / "zh" / "book" / f"{page}.md"
+    assert cells is not None, f"book/{page}.md is not fully translated"
+    assert target.read_text() == bz.chinese(cells["page"])
+
+
+def test_join_cjk_lines_keeps_code_maths_and_latin_breaks():
+    text = ("注意力把\n查询和键\nmatched\n词元。\n\n```python\n# 中\n# 文\n"
+            "```\n$$\n中\n文\n$$\n")
+    assert bz.join_cjk_lines(text) == (
+        "注意力把查询和键\nmatched\n词元。\n\n```python\n# 中\n# 文\n```\n"
+        "$$\n中\n文\n$$\n")
+
+
+def test_badge_points_at_the_chinese_notebook():
+    en = ("[![Open In Colab](images/colab-badge.svg)](https://colab."
+          "research.google.com/github/o/r/blob/main/book/ch01_x.ipynb)")
+    assert bz.zh_badge(en).endswith("/blob/main/zh/book/ch01_x.ipynb)")
