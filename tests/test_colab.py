@@ -25,6 +25,11 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+# The Chinese edition (issue 16): each chapter once, with ipywidgets 8.
+ZH_NOTEBOOKS = sorted((ROOT / "zh" / "book").glob("*.ipynb"))
+CASES = [(nb, rt) for nb in NOTEBOOKS for rt in ("ipywidgets7",
+                                                 "ipywidgets8")] + \
+        [(nb, "ipywidgets8") for nb in ZH_NOTEBOOKS]
 SIM_ROOT = ROOT / "_build" / "colab-sim"
 
 # What each simulated runtime preinstalls. ipykernel<7 with ipywidgets 7:
@@ -64,7 +69,9 @@ for obj in list(Out.values()):
                     else values[0]
                 assert obj.image.value != before, obj
         driven += 1
-print("widgets driven:", driven)
+from course_lib.i18n import get_language, tr
+print("widgets driven:", driven, "language:", get_language(),
+      "button:", tr("Check"))
 """
 
 
@@ -107,8 +114,9 @@ def _freeze(python: Path) -> dict:
     return {r["name"].lower(): r["version"] for r in rows}
 
 
-@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("notebook, runtime", CASES, ids=[
+    f"{nb.parent.parent.name}/{nb.name}-{rt}" if nb.parent.parent.name == "zh"
+    else f"{nb.name}-{rt}" for nb, rt in CASES])
 def test_chapter_runs_in_fresh_colab(notebook, runtime, tmp_path):
     python = _runtime(runtime)
     # Every chapter starts from a runtime without course_lib.
@@ -156,6 +164,9 @@ def test_chapter_runs_in_fresh_colab(notebook, runtime, tmp_path):
     assert errors == []
     driven = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert "widgets driven:" in driven and "driven: 0" not in driven
+    chinese = notebook.parent.parent.name == "zh"
+    assert (f"language: zh button: 检查" if chinese
+            else "language: en button: Check") in driven, driven
     # Widgets were displayed as live views (the HTML copy is left out on
     # Colab so that the widget is what the learner sees).
     bundles = [o["data"] for c in nb.cells for o in c.get("outputs", [])
