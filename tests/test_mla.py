@@ -436,3 +436,141 @@ def test_param_count_message_names_the_missing_fields():
                        r"q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, "
                        r"v_head_dim, attention_bias$"):
         mla_param_count(SimpleNamespace(hidden_size=8))
+
+
+# ---- mutation testing (issue 17)
+# Tests added because a mutant of course_lib.mla survived the ones above
+# (benchmarks/mutation.md, "MLA survivors and why").
+def _spy_values_width(monkeypatch):
+    """Record the width of the values each attention call gets: d_v on
+    the explicit path (per-head values W^UV c), d_c on the absorbed one
+    (the latents themselves)."""
+    import course_lib.mla as mla_module
+    widths = []
+    real = mla_module.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kw):
+        widths.append(v.shape[-1])
+        return real(q, k, v, *args, **kw)
+    monkeypatch.setattr(mla_module, "scaled_dot_product_attention", spy)
+    return widths
+
+
+def test_absorb_flag_and_argument_pick_the_path(monkeypatch):
+    widths = _spy_values_width(monkeypatch)
+    x = torch.randn(1, 3, 48)
+    default = MultiHeadLatentAttention(tiny())
+    assert default.absorb is False and "absorb=False" in repr(default)
+    default(x)                                   # default: explicit
+    default(x, absorb=True)                      # the argument wins
+    absorbing = MultiHeadLatentAttention(tiny(), absorb=True)
+    assert absorbing.absorb is True and "absorb=True" in repr(absorbing)
+    absorbing(x)                                 # the flag: absorbed
+    absorbing(x, absorb=False)                   # the argument wins
+    assert widths == [10, 32, 32, 10]            # d_v = 10, d_c = 32
+
+
+def _rotate_by_hand(x, positions, theta, factor, interleaved):
+    """Pairs as complex numbers times factor * e^{i m theta_i}; pairs
+    (2i, 2i+1) if interleaved, else (i, i + d/2)."""
+    d = x.shape[-1]
+    if interleaved:
+        z = torch.complex(x[..., 0::2], x[..., 1::2])
+    else:
+        z = torch.complex(x[..., :d // 2], x[..., d // 2:])
+    z = z * factor * torch.polar(torch.ones_like(theta),
+                                 positions.double()[:, None] * theta)
+    if interleaved:
+        return torch.stack([z.real, z.imag], -1).flatten(-2)
+    return torch.cat([z.real, z.imag], -1)
+
+
+def _mla_output_by_hand(m, x, positions, theta, factor, scale):
+    """u (T, D) for one sequence x (T, D), causal, from the weights: the
+    equations with the given RoPE frequencies theta, cos/sin factor and
+    softmax scale (q_lora_rank set, no bias)."""
+    c = m.config
+    H, dn, dc = c.num_attention_heads, c.qk_nope_head_dim, c.kv_lora_rank
+    T, eps, inter = x.shape[0], c.rms_norm_eps, c.rope_interleave
+    c_q = _rms_by_hand(x @ m.q_a_proj.weight.T, m.q_a_layernorm.weight, eps)
+    q_all = (c_q @ m.q_b_proj.weight.T).view(T, H, -1)
+    kv_a = x @ m.kv_a_proj_with_mqa.weight.T
+    c_kv = _rms_by_hand(kv_a[:, :dc], m.kv_a_layernorm.weight, eps)
+    k_r = _rotate_by_hand(kv_a[:, dc:], positions, theta, factor, inter)
+    w_b = m.kv_b_proj.weight.view(H, dn + c.v_head_dim, dc)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    heads = []
+    for i in range(H):
+        q_r = _rotate_by_hand(q_all[:, i, dn:], positions, theta, factor,
+                              inter)
+        scores = (q_all[:, i, :dn] @ (c_kv @ w_b[i, :dn].T).T
+                  + q_r @ k_r.T) * scale
+        a = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+        heads.append(a @ (c_kv @ w_b[i, dn:].T))
+    return torch.cat(heads, -1) @ m.o_proj.weight.T
+
+
+@pytest.mark.parametrize("yarn", [False, True])
+@pytest.mark.parametrize("interleave", [True, False])
+@pytest.mark.parametrize("absorb", [False, True])
+def test_forward_by_hand_with_own_eps_base_and_yarn_factors(yarn, interleave,
+                                                            absorb):
+    # Not the defaults: eps 0.3 (both latent norms), base 50, both RoPE
+    # layouts, and YaRN with mscale != mscale_all_dim, so that the cos/sin
+    # factor m(s, 1) / m(s, 0.5) is not 1 (it is 1 in every released
+    # config). YaRN's frequencies come from course_lib.yarn (checked
+    # against transformers in test_yarn.py); factor and scale by hand.
+    rs = dict(YARN, mscale=1.0, mscale_all_dim=0.5) if yarn else None
+    cfg = tiny(rms_norm_eps=0.3, rope_theta=50.0, rope_interleave=interleave,
+               rope_scaling=rs)
+    m = make(cfg).double()
+    torch.manual_seed(123)
+    x = torch.randn(2, 6, 48, dtype=torch.float64) * 0.5  # eps matters
+    pos = torch.arange(6) + (200 if yarn else 3)
+    d_r, s = 6, 40.0
+    if yarn:
+        from course_lib.yarn import yarn_frequencies
+        theta = yarn_frequencies(d_r, base=50.0, **rs)
+        m_rope, m_all = 0.1 * math.log(s) + 1, 0.05 * math.log(s) + 1
+        factor, scale = m_rope / m_all, m_all ** 2 / math.sqrt(14)
+    else:
+        theta = torch.tensor([50.0 ** (-2 * i / d_r) for i in range(3)],
+                             dtype=torch.float64)
+        factor, scale = 1.0, 1 / math.sqrt(14)
+    with torch.no_grad():
+        out = m(x, causal_mask(6), positions=pos, absorb=absorb)
+        for b in range(2):
+            want = _mla_output_by_hand(m, x[b], pos, theta, factor, scale)
+            assert torch.allclose(out[b], want, atol=1e-12)
+
+
+def test_default_positions_are_made_on_the_inputs_device(monkeypatch):
+    # Only a CPU here, so a wrong device changes no value: a spy on
+    # query_positions checks what forward asks for.
+    import course_lib.mla as mla_module
+    seen = []
+    real = mla_module.query_positions
+
+    def spy(positions, T, cache, device):
+        seen.append(device)
+        return real(positions, T, cache, device)
+    monkeypatch.setattr(mla_module, "query_positions", spy)
+    x = torch.randn(1, 3, 48)
+    make()(x)
+    assert seen == [x.device]
+
+
+def test_bad_input_messages_in_full():
+    with pytest.raises(ValueError, match=r"^config must be an MLAConfig, got"
+                       r" dict$"):
+        MultiHeadLatentAttention({"hidden_size": 8})
+    m = make()
+    with pytest.raises(ValueError, match=r"^cache must be a LayerKVCache, "
+                       r"got KVCache$"):
+        m(torch.randn(1, 2, 48), cache=KVCache(1))
+    with pytest.raises(ValueError, match=r"^x must have shape \(B, T, "
+                       r"hidden_size=48\), got \[1.0, 2.0\]$"):
+        m([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"^x must have shape \(B, T, "
+                       r"hidden_size=48\), got \(5, 48\)$"):
+        m(torch.randn(5, 48))                    # no batch axis

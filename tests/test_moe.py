@@ -265,3 +265,131 @@ def test_empty_and_degenerate_inputs_are_finite():
     torch.testing.assert_close(gates, torch.full((2, 2), 0.5))
     idx, gates = select_top_k(torch.tensor([[0.6, 0.3, 0.1, 0.0]]), 2)
     torch.testing.assert_close(gates, torch.tensor([[2 / 3, 1 / 3]]))
+
+
+# ---- mutation testing (issue 17)
+# Tests added because a mutant of course_lib.moe survived the ones above
+# (benchmarks/mutation.md, "MoE survivors and why").
+def test_smallest_sizes_are_accepted():
+    assert expert_capacity(0, 1, 1, 1.0) == 0           # no tokens, 1 expert
+    assert expected_fraction_touched(3, 1, 1) == 1.0     # 1 - (1 - 1)^3
+    tiny = MoE(1, n_experts=1, top_k=1, d_expert=1)      # D = E = k = F = 1
+    # router E x D + k experts of 3 D F (gate, up, down): 1 + 3
+    assert tiny.active_parameters() == 4
+    out, info = tiny(torch.ones(2, 1))
+    assert out.shape == (2, 1) and info.load.tolist() == [2]
+
+
+def test_active_parameters_without_shared_experts_closed_form():
+    m = _moe()                                      # E 8, k 2, D 16, F 12
+    assert m.shared_experts is None
+    assert m.active_parameters() == 8 * 16 + 2 * 3 * 16 * 12
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: expert_capacity(-1, 4, 2, 1.0), "n_tokens must be >= 0, got -1"),
+    (lambda: expert_capacity(4, 0, 2, 1.0), "n_experts must be >= 1, got 0"),
+    (lambda: expert_capacity(4, 4, 0, 1.0), "top_k must be >= 1, got 0"),
+    (lambda: expected_fraction_touched(-1, 4, 2),
+     "n_tokens must be >= 0, got -1"),
+    (lambda: expected_fraction_touched(4, 0, 1),
+     "n_experts must be >= 1, got 0"),
+    (lambda: MoE(0, n_experts=4, top_k=2, d_expert=4),
+     "d_model must be >= 1, got 0"),
+    (lambda: MoE(16, n_experts=4, top_k=2, d_expert=0),
+     "d_expert must be >= 1, got 0"),
+])
+def test_size_messages_name_the_argument(call, message):
+    with pytest.raises(ValueError, match="^" + message + "$"):
+        call()
+
+
+@pytest.mark.parametrize("x, got", [
+    ([1.0, 2.0], r"\[1.0, 2.0\]"),                  # not a tensor
+    (torch.randn(16), r"\(16,\)"),                  # no token axis
+    (torch.randn(3, 5, 15), r"\(3, 5, 15\)"),       # wrong width
+])
+def test_bad_x_message_shows_what_was_given(x, got):
+    with pytest.raises(ValueError, match=r"^x must have shape \(B, T, 16\) "
+                       r"or \(N, 16\), got " + got + "$"):
+        _moe()(x)
+
+
+def test_moe_from_config_fallback_names_defaults_and_capacity():
+    class Course:                                  # the course's own names
+        d_model, num_local_experts, num_experts_per_tok = 16, 4, 2
+        intermediate_size = 8
+
+    m = moe_from_config(Course(), capacity_factor=1.25)
+    assert (m.d_model, m.n_experts, m.top_k, m.d_expert) == (16, 4, 2, 8)
+    assert m.capacity_factor == 1.25
+    _, info = m(torch.randn(5, 16))
+    assert info.capacity == math.ceil(1.25 * 5 * 2 / 4) == 4
+    _, info = m.forward_loop(torch.randn(5, 16))
+    assert info.capacity == 4
+
+    class V3Minimal:                               # only n_group is set
+        hidden_size, n_routed_experts, num_experts_per_tok = 16, 8, 2
+        moe_intermediate_size, n_group = 12, 2
+
+    gate = moe_from_config(V3Minimal()).gate
+    assert isinstance(gate, DeepSeekV3Router)
+    assert gate.topk_group == 1 and gate.routed_scaling_factor == 1.0
+    assert gate.norm_topk_prob is True
+
+    class V3Nones(V3Minimal):                      # set, but to None
+        topk_group = routed_scaling_factor = n_shared_experts = None
+
+    m = moe_from_config(V3Nones())
+    assert m.gate.topk_group == 1 and m.gate.routed_scaling_factor == 1.0
+    assert m.shared_experts is None
+
+    class V3Unnormalised(V3Minimal):
+        norm_topk_prob, topk_group, routed_scaling_factor = False, 2, 2.5
+
+    gate = moe_from_config(V3Unnormalised()).gate
+    assert gate.norm_topk_prob is False and gate.topk_group == 2
+    assert gate.routed_scaling_factor == 2.5
+
+
+def test_bfloat16_layer_with_float32_router_keeps_its_dtype():
+    # DeepSeekV3Router computes its gates in float32 whatever the input;
+    # the layer must still return bfloat16, in both forms, and equal the
+    # dense-gate sum computed here in float32 from the same weights.
+    import copy
+    torch.manual_seed(123)
+    m = MoE(16, n_experts=8, top_k=2, d_expert=12, gate=_v3_gate(),
+            n_shared_experts=1).to(torch.bfloat16)
+    x = torch.randn(6, 16).to(torch.bfloat16)
+    y, info = m(x)
+    y_loop, _ = m.forward_loop(x)
+    assert y.dtype == y_loop.dtype == torch.bfloat16
+    ref = copy.deepcopy(m).float()
+    gates = info.routing.dense_gates().float()               # (N, E)
+    xf = x.float()
+    want = sum(gates[:, e, None] * ref.experts[e](xf) for e in range(8)) \
+        + ref.shared_experts(xf)
+    torch.testing.assert_close(y.float(), want, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(y_loop.float(), want, atol=0.05, rtol=0.05)
+
+
+def test_new_tensors_are_made_on_the_inputs_device(monkeypatch):
+    # Only a CPU here, so a wrong device changes no value: a spy on the
+    # tensor factories records the device of every tensor moe.py makes.
+    import sys
+    seen = []
+
+    def spy(real):
+        def factory(*args, **kw):
+            if sys._getframe(1).f_globals.get("__name__") == "course_lib.moe":
+                seen.append((real.__name__, kw.get("device")))
+            return real(*args, **kw)
+        return factory
+    for name in ("arange", "zeros"):
+        monkeypatch.setattr(torch, name, spy(getattr(torch, name)))
+    m = _moe(capacity_factor=1.0)
+    x = torch.randn(4, 16)
+    m(x)
+    m.forward_loop(x)
+    assert ("arange", x.device) in seen and ("zeros", x.device) in seen
+    assert all(device == x.device for _, device in seen), seen

@@ -545,3 +545,109 @@ def test_chapter7_translation_recipe_resumes_bit_for_bit(tmp_path):
     for (name, a), b in zip(straight.named_parameters(),
                             resumed.parameters()):
         assert torch.equal(a, b), name
+
+
+# ---- mutation testing (issue 17)
+# Tests added because a mutant of course_lib.training survived the ones
+# above (benchmarks/mutation.md, "training survivors and why").
+def test_history_counts_the_last_tensor_of_any_batch():
+    # Counted by hand: the last element of a tuple batch if it is a
+    # tensor (3 of 4 targets of tgt_out count; tgt_in has none ignored),
+    # nothing for a dict batch or a tuple ending in something else.
+    src = torch.zeros(1, 4, dtype=torch.long)
+    tgt_in = torch.ones(1, 4, dtype=torch.long)
+    tgt_out = torch.tensor([[5, 6, ST.IGNORE, 7]])
+    batches = [(src, tgt_in, tgt_out), {"ids": tgt_in}, (tgt_in, "label")]
+    model = nn.Linear(2, 1)
+    hist = T.train(model, iter(batches), steps=3, lr=1e-3,
+                   loss_fn=lambda m, b: m.weight.sum(), progress=False)
+    assert hist.tokens == 3
+
+
+def test_cosine_stays_at_zero_after_total_steps():
+    # 1/2 (1 + cos(pi * min(1, progress))): past t_max the rate is 0, not
+    # rising again along the cosine.
+    for step in (12, 13, 17, 22):
+        assert T.lr_multiplier(step, warmup_steps=2, total_steps=12,
+                               schedule="cosine") == 0.0
+
+
+def test_make_optimizer_defaults_to_no_weight_decay():
+    opt = T.make_optimizer(Bigram(), lr=1e-3)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 0.0]
+
+
+def test_checkpoint_extras_with_a_key_that_cannot_be_loaded(tmp_path):
+    from pathlib import Path
+    import pickle
+    # torch's safe loader itself refuses such a dict key ...
+    torch.save({Path("/tmp"): 1}, tmp_path / "raw.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(tmp_path / "raw.pt", weights_only=True)
+    # ... so save_checkpoint must refuse it before writing
+    with pytest.raises(ValueError, match="cannot be loaded back safely"):
+        T.save_checkpoint(tmp_path / "c.pt", nn.Linear(2, 2), None, 1,
+                          cfg={Path("/tmp"): 1})
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_read_state_file_loads_safely_on_the_cpu(tmp_path, monkeypatch):
+    from pathlib import Path
+    import pickle
+    # a file holding an object the safe loader does not allow is refused
+    torch.save({"where": Path("/tmp")}, tmp_path / "unsafe.pt")
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load"):
+        T.read_state_file(tmp_path / "unsafe.pt", "state file")
+    # the call itself: on the CPU, weights_only=True explicitly (its
+    # default only since torch 2.6; pyproject.toml allows torch >= 2.0,
+    # and a CUDA checkpoint must load on a CPU-only machine)
+    calls = []
+    real = torch.load
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return real(*args, **kw)
+    monkeypatch.setattr(torch, "load", spy)
+    torch.save({"a": torch.ones(2)}, tmp_path / "ok.pt")
+    assert torch.equal(T.read_state_file(tmp_path / "ok.pt", "x")["a"],
+                       torch.ones(2))
+    assert calls == [{"map_location": "cpu", "weights_only": True}]
+
+
+def test_training_messages_in_full(tmp_path):
+    import re
+    model = Bigram()
+    missing = tmp_path / "missing.pt"
+    with pytest.raises(ValueError, match=r"^path must be an existing "
+                       r"checkpoint file, got '" + re.escape(str(missing)) + "'$"):
+        T.read_state_file(missing, "checkpoint file")
+    T.save_checkpoint(tmp_path / "m.pt", model, None, 0)
+    with pytest.raises(ValueError, match=r"^optimizer given, but '"
+                       + re.escape(str(tmp_path / "m.pt")) + r"' holds no "
+                       r"optimizer state$"):
+        T.load_checkpoint(tmp_path / "m.pt", model,
+                          T.make_optimizer(model, lr=1e-3))
+    with pytest.raises(ValueError, match=r"^warmup_steps must be >= 0, got "
+                       r"-1$"):
+        T.lr_multiplier(0, warmup_steps=-1, total_steps=3)
+    with pytest.raises(TypeError, match=r"^model must be a torch.nn.Module,"
+                       r" got str$"):
+        T.make_optimizer("model", lr=1e-3)
+    with pytest.raises(ValueError, match=r"^weight_decay must be a real "
+                       r"number, got str '0.1'$"):
+        T.make_optimizer(model, lr=1e-3, weight_decay="0.1")
+    with pytest.raises(TypeError, match=r"^batch must be a tuple \(inputs, "
+                       r"targets\) of tensors, got str$"):
+        T.next_token_loss(model, "batch")
+    with pytest.raises(TypeError, match=r"^batch's targets must be a "
+                       r"torch.Tensor, got list$"):
+        T.next_token_loss(model, (torch.zeros(1, 2, dtype=torch.long),
+                                  [1, 2]))
+    with pytest.raises(TypeError, match=r"^batch's inputs must be a "
+                       r"torch.Tensor, got list$"):
+        T.next_token_loss(model, ([1, 2], torch.zeros(1, 2)))
+    with pytest.raises(ValueError, match=r"^targets must hold at least one "
+                       r"target that is not IGNORE \(a mean over no tokens "
+                       r"is NaN\)$"):
+        T.next_token_loss(model, (torch.zeros(1, 2, dtype=torch.long),
+                                  torch.full((1, 2), ST.IGNORE)))
