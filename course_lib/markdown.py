@@ -15,8 +15,10 @@ _FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\n(.*?)```", re.S)
 _CODE_RE = re.compile(r"`([^`]+)`")
 _BOLD_RE = re.compile(r"\*\*([^*]+)\*\*")
 # *emphasis*: a single asterisk that opens before a non-space and closes
-# after one, not inside a word (so 2*3*4 stays as typed).
-_EM_RE = re.compile(r"(?<![\w*])\*(?=[^\s*])([^*\n]+?)(?<=[^\s*])\*(?![\w*])")
+# after one, not inside a Latin word or number (so 2*3*4 stays as typed);
+# Chinese has no spaces between words, so 但*不*除 is emphasis.
+_EM_RE = re.compile(r"(?<![A-Za-z0-9_*])\*(?=[^\s*])([^*\n]+?)(?<=[^\s*])\*"
+                    r"(?![A-Za-z0-9_*])")
 _DISPLAY_MATH_RE = re.compile(r"\$\$(.+?)\$\$", re.S)
 _INLINE_MATH_RE = re.compile(r"(?<![\\$])\$([^$\n]+?)\$")
 

@@ -7,6 +7,8 @@ For every chapter, ``zh/book/<name>.ipynb`` is the English notebook with
   which makes the exercises and explorers speak Chinese (tagged
   ``zh-language`` and, like the setup cell, ``remove-cell``);
 - the "Open in Colab" badge pointed at the Chinese notebook;
+- the figure captions and alt texts of code cells (cell metadata) in
+  Chinese;
 - every code cell, with its outputs, unchanged. ``--execute`` then runs
   the notebooks (``run_notebooks.py``), so that the exercises' and
   explorers' outputs are the Chinese ones; every other output stays what
@@ -74,13 +76,19 @@ def language_cell() -> dict:
             "outputs": [], "source": LANGUAGE_CELL.splitlines(True)}
 
 
-def zh_notebook(english: dict, cells: dict) -> dict:
-    """The Chinese notebook for an English one (``cells``: translations)."""
+def zh_notebook(english: dict, cells: dict, strings: dict) -> dict:
+    """The Chinese notebook for an English one (``cells``: translated
+    markdown cells; ``strings``: English -> Chinese, for captions)."""
     nb = copy.deepcopy(english)
     out = []
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             cell["source"] = chinese(cells[cell["id"]]).splitlines(True)
+        mystnb = cell.get("metadata", {}).get("mystnb", {})
+        for key, field in zt.FIGURE_FIELDS:
+            text = mystnb.get(key, {}).get(field)
+            if isinstance(text, str) and text.strip():
+                mystnb[key][field] = join_cjk_lines(strings[text])
         out.append(cell)
         if "colab-setup" in cell.get("metadata", {}).get("tags", []):
             out.append(language_cell())
@@ -91,15 +99,17 @@ def zh_notebook(english: dict, cells: dict) -> dict:
 
 
 def complete(source: Path) -> dict | None:
-    """The translations of ``source`` if every cell is translated and in
-    step with the English (None otherwise)."""
+    """The translations of ``source`` if every cell and string is
+    translated and in step with the English (None otherwise)."""
     data = zt.load(source)
     en = zt.english_cells(source)
     cells = data["cells"]
+    strings = data.get("strings", {})
     if any(cells.get(c, {}).get("zh") is None for c in en) \
+            or any(not strings.get(t) for t in zt.reader_strings(source)) \
             or zt.problems(source):
         return None
-    return cells
+    return data
 
 
 TITLE = "Transformer 内部原理"
@@ -127,6 +137,9 @@ def config_texts() -> dict[str, str]:
     sphinx = config["sphinx"]["config"]
     sphinx["language"] = "zh_CN"
     sphinx["ti_language"] = "zh"
+    # myst-nb's toggles of hidden code ("Show code cell source")
+    sphinx["nb_code_prompt_show"] = "显示代码"
+    sphinx["nb_code_prompt_hide"] = "隐藏代码"
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     for part in toc["parts"]:
         if part["caption"] not in CAPTIONS:
@@ -159,9 +172,11 @@ def write(execute: bool = False) -> list[Path]:
             continue
         target = OUT / source.name
         if source.suffix == ".md":
-            target.write_text(chinese(cells["page"]), encoding="utf-8")
+            target.write_text(chinese(cells["cells"]["page"]),
+                              encoding="utf-8")
         else:
-            nb = zh_notebook(json.loads(source.read_text()), cells)
+            nb = zh_notebook(json.loads(source.read_text()), cells["cells"],
+                             cells["strings"])
             target.write_text(json.dumps(nb, indent=1, ensure_ascii=False)
                               + "\n", encoding="utf-8")
         written.append(target)

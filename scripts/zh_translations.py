@@ -3,10 +3,12 @@
 English is the source. ``course_lib/locale/zh/<notebook stem>.json``
 holds, for each markdown cell of ``book/<notebook stem>.ipynb`` (by cell
 id), the English text it translates, a hash of that text and the Chinese
-text; and the reader-facing strings of the chapter's exercises and
-explorers (prompts, options, explanations, hints, solutions, mistake
-messages, titles, control labels), keyed by the English string, which
-``course_lib`` looks up at run time when the language is Chinese:
+text; and the other reader-facing strings, keyed by the English string:
+figure captions and alt texts (code cell metadata, replaced by
+``build_zh.py``) and the strings of the chapter's exercises and explorers
+(prompts, options, explanations, hints, solutions, mistake messages,
+titles, control labels), which ``course_lib`` looks up at run time when
+the language is Chinese:
 
     {"notebook": "book/ch03_scaled_dot_product_attention.ipynb",
      "cells": {"<cell id>": {"en_sha": "...", "en": "...", "zh": "..."}},
@@ -88,13 +90,17 @@ def english_cells(notebook: Path) -> dict[str, str]:
 # reader sees (``key``, ``func_name``, ``starter_code``: code, not prose).
 TEXT_KWARGS = {"prompt", "hint", "solution", "options", "explanations",
                "mistakes", "title", "labels"}
+# Cell metadata a reader sees: myst-nb's figure caption and alt text.
+FIGURE_FIELDS = (("figure", "caption"), ("image", "alt"))
 
 
 def reader_strings(notebook: Path) -> list[str]:
-    """The string literals a reader sees in the chapter's exercises and
-    explorers: every ``str`` constant under a :data:`TEXT_KWARGS` keyword
-    of a call to ``...Exercise(...)`` or ``Explorer(...)`` (dict keys
-    excluded: they name controls), in order, without repeats."""
+    """The strings a reader sees that are not markdown cells: figure
+    captions and alt texts (code cell metadata, :data:`FIGURE_FIELDS`),
+    then the string literals of the chapter's exercises and explorers:
+    every ``str`` constant under a :data:`TEXT_KWARGS` keyword of a call to
+    ``...Exercise(...)`` or ``Explorer(...)`` (dict keys excluded: they
+    name controls). In order, without repeats."""
     import ast
     if notebook.suffix == ".md":
         return []
@@ -124,6 +130,15 @@ def reader_strings(notebook: Path) -> list[str]:
                 found.setdefault(sub.value)
             elif isinstance(sub, ast.Name) and sub.id in assigned:
                 strings_in(assigned.pop(sub.id))   # each name once
+
+    # figure captions and image descriptions (alt text) of code cells'
+    # outputs, in the cell metadata that myst-nb reads
+    for c in nb["cells"]:
+        mystnb = c.get("metadata", {}).get("mystnb", {})
+        for key, field in FIGURE_FIELDS:
+            text = mystnb.get(key, {}).get(field)
+            if isinstance(text, str) and text.strip():
+                found.setdefault(text)
 
     for tree in trees:
         for node in ast.walk(tree):

@@ -169,6 +169,9 @@ def test_markdown_emphasis_and_inline():
     line = markdown_to_html("It is *not* $b_i$.", tex_delimiters=True,
                             inline=True)
     assert line == r"It is <em>not</em> \(b_i\)."
+    # Chinese: no spaces around words, emphasis still renders (issue 16)
+    assert markdown_to_html("但*不*除以", inline=True) == "但<em>不</em>除以"
+    assert markdown_to_html("2*3*4 与 x*y", inline=True) == "2*3*4 与 x*y"
 
 
 def test_static_sliders_announce_their_value():

@@ -63,6 +63,7 @@ def test_chinese_notebook_is_the_english_one_in_chinese(english):
     assert [(c["id"], c["cell_type"]) for c in zh] == \
         [(c["id"], c["cell_type"]) for c in en]
     translations = zt.load(english)["cells"]
+    strings = zt.load(english).get("strings", {})
     for e, z in zip(en, zh):
         where = f"{english.stem} cell {e['id']}"
         if e["cell_type"] == "markdown":
@@ -72,6 +73,11 @@ def test_chinese_notebook_is_the_english_one_in_chinese(english):
         assert z["source"] == e["source"], where
         assert z["metadata"].get("tags", []) == \
             e["metadata"].get("tags", []), where
+        for key, field in zt.FIGURE_FIELDS:       # captions, alt text
+            text = e["metadata"].get("mystnb", {}).get(key, {}).get(field)
+            if text:
+                got = z["metadata"]["mystnb"][key][field]
+                assert got == bz.join_cjk_lines(strings[text]), where
         if "nbval-ignore-output" not in e["metadata"].get("tags", []):
             assert _texts(z) == _texts(e), f"{where}: run `make zh`"
         if "<strong>Exercise.</strong>" in _html(e):
@@ -94,10 +100,10 @@ def test_book_config_follows_the_english_one(name):
 
 @pytest.mark.parametrize("page", zt.PAGES)
 def test_translated_pages_are_current(page):
-    cells = bz.complete(ROOT / "book" / f"{page}.md")
+    data = bz.complete(ROOT / "book" / f"{page}.md")
     target = ROOT / "zh" / "book" / f"{page}.md"
-    assert cells is not None, f"book/{page}.md is not fully translated"
-    assert target.read_text() == bz.chinese(cells["page"])
+    assert data is not None, f"book/{page}.md is not fully translated"
+    assert target.read_text() == bz.chinese(data["cells"]["page"])
 
 
 def test_join_cjk_lines_keeps_code_maths_and_latin_breaks():

@@ -37,7 +37,7 @@ AXE = ROOT / "_build" / "vendor" / "node_modules" / "axe-core" / "axe.min.js"
 # Raw TeX delimiters, $...$ pairs and Markdown emphasis left as typed.
 RAW_MARKUP = re.compile(
     r"\$[^$\s][^$]*\$|\\\(|\\\)|\\\[|\\\]|\*\*"
-    r"|(?<![\w*])\*[^\s*][^*\n]*?(?<=[^\s*])\*(?![\w*])")
+    r"|(?<![A-Za-z0-9_*])\*[^\s*][^*\n]*?(?<=[^\s*])\*(?![A-Za-z0-9_*])")
 
 # The page text of an element as a reader sees it: typeset formulas,
 # code and scripts left out.
