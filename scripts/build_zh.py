@@ -137,6 +137,10 @@ def config_texts() -> dict[str, str]:
     sphinx = config["sphinx"]["config"]
     sphinx["language"] = "zh_CN"
     sphinx["ti_language"] = "zh"
+    # Chinese search: jieba cuts words, with the glossary's terms as its
+    # user dictionary (a path from the repository root, where make runs)
+    config["sphinx"]["config"]["html_search_options"] = {
+        "dict": SEARCH_TERMS.relative_to(ROOT).as_posix()}
     # myst-nb's toggles of hidden code ("Show code cell source")
     sphinx["nb_code_prompt_show"] = "显示代码"
     sphinx["nb_code_prompt_hide"] = "隐藏代码"
@@ -151,10 +155,35 @@ def config_texts() -> dict[str, str]:
             for name, data in (("_config.yml", config), ("_toc.yml", toc))}
 
 
+SEARCH_TERMS = OUT.parent / "search_terms.txt"
+
+
+def search_terms() -> str:
+    """The Chinese terms of the translated glossary, one per line: a
+    user dictionary for jieba, so that the search index holds 键值缓存 as
+    one word (by itself, jieba cuts it into 键值 and 缓存, and a reader's
+    query for the term finds nothing). Alternatives written "A / B" or
+    "A（B）" give one line each."""
+    data = zt.load(ROOT / "book" / "glossary.md")
+    text = (data["cells"].get("page") or {}).get("zh") or ""
+    terms: dict[str, None] = {}
+    block = re.search(r"```\{glossary\}(.*?)```", text, re.S)
+    for line in (block.group(1) if block else "").splitlines():
+        if not line or line[0].isspace() or line.startswith(":"):
+            continue                                # definitions, options
+        for part in re.split(r"\s*[/／、，]\s*|[（）()]", line):
+            part = part.strip()
+            if re.search(f"[{_CJK}]", part) and len(part) > 1 \
+                    and " " not in part:
+                terms.setdefault(part)
+    return "".join(f"{t}\n" for t in terms)
+
+
 def write_config() -> None:
     """zh/_config.yml, zh/_toc.yml and the links into the English book."""
     for name, text in config_texts().items():
         (OUT.parent / name).write_text(text, encoding="utf-8")
+    SEARCH_TERMS.write_text(search_terms(), encoding="utf-8")
     for link in ("images", "_ext", "references.bib"):
         path = OUT / link
         if not path.is_symlink():

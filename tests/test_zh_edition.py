@@ -98,6 +98,12 @@ def test_book_config_follows_the_english_one(name):
         "run `make zh`"
 
 
+def test_search_dictionary_holds_the_glossary_terms():
+    terms = (ROOT / "zh" / "search_terms.txt").read_text().splitlines()
+    assert terms == bz.search_terms().splitlines(), "run `make zh`"
+    assert {"注意力", "键值缓存", "混合专家模型"} <= set(terms)
+
+
 @pytest.mark.parametrize("page", zt.PAGES)
 def test_translated_pages_are_current(page):
     data = bz.complete(ROOT / "book" / f"{page}.md")

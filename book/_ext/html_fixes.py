@@ -20,7 +20,8 @@
   deprecated role, not allowed on a ``div``) inside a ``role="list"``,
   which then has no list items: entries become ``role="listitem"``. The
   theme's search button is labelled "Search" while it shows "Search
-  Ctrl+K": the label is dropped, so the visible text is its name.
+  Ctrl+K" (搜索 in the Chinese edition): the label is dropped, so the
+  visible text is its name.
 - ``static/course.js``: a display formula wider than the column scrolls
   sideways; the script makes such a formula focusable (and only such a
   formula), so that the keyboard can scroll it (axe:
@@ -40,7 +41,7 @@ PAGE_FIXES = [
     (re.compile(r'(<div class="citation" id="[^"]*" )role="doc-biblioentry"'),
      r'\1role="listitem"'),
     (re.compile(r'(<button class="btn search-button-field[^"]*" '
-                r'title="Search") aria-label="Search"'), r"\1"),
+                r'title="[^"]*") aria-label="[^"]*"'), r"\1"),
 ]
 
 

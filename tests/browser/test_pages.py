@@ -72,7 +72,7 @@ def test_index_redirects_to_the_intro(site, page, lang):
     page.goto(f"{site.url}/{PREFIX[lang]}index.html")
     page.wait_for_url(f"{site.url}/{PREFIX[lang]}{TOC['root']}.html",
                       timeout=10000)
-    assert page.title().startswith(TITLES[lang])
+    assert page.title().endswith(TITLES[lang]), page.title()
 
 
 @pytest.mark.parametrize("rel", CHAPTER_PAGES)
