@@ -20,7 +20,7 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from urllib.parse import urldefrag, urlparse
+from urllib.parse import unquote, urldefrag, urlparse
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu",
                  "--disable-background-networking",
@@ -237,6 +237,7 @@ def _check_links(page, report: PageReport, origin: str) -> None:
         if not href.startswith(origin):
             continue
         target, fragment = urldefrag(href)
+        fragment = unquote(fragment)         # e.g. #%E4%B8%8A is id="上"
         report.links.add(target)
         ids = _anchors(target)
         if ids is None:
