@@ -32,11 +32,16 @@ CHAPTERS = sorted((ROOT / "book").glob("ch*.ipynb"))
 
 
 def _texts(cell: dict) -> list[str]:
-    """Printed text and text/plain of a code cell's outputs."""
+    """Printed text and text/plain of a code cell's outputs. Consecutive
+    stream outputs are joined: how a kernel splits one print into stream
+    messages depends on timing (nbval joins them too)."""
     out = []
     for o in cell.get("outputs", []):
         if o["output_type"] == "stream":
-            out.append(f"{o['name']}: {''.join(o['text'])}")
+            text = f"{o['name']}: {''.join(o['text'])}"
+            if out and out[-1].startswith(f"{o['name']}: "):
+                text = out.pop() + "".join(o["text"])
+            out.append(text)
         elif o["output_type"] == "error":
             out.append(f"error: {o['ename']}")
         elif "text/plain" in o.get("data", {}):
