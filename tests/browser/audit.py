@@ -1,7 +1,8 @@
 """What a reader would stumble over on one page, checked in a real browser.
 
 :func:`audit_page` opens a page served on 127.0.0.1 in Chromium (driven by
-Playwright) and returns a list of problems, each a short sentence. The same
+Playwright) and returns a list of problems, each a short sentence (it is
+:func:`watch` before the load and :func:`inspect` after it). The same
 function audits the built book (``test_pages.py``) and small fixture sites
 built to fail on purpose (``test_audit_fixture.py``), which shows that every
 check can fail.
@@ -47,12 +48,32 @@ def audit_page(page, url: str, *, screenshot: str | None = None,
     """Load ``url`` in ``page`` (a Playwright Page) and audit it; with
     ``screenshot`` (a path), also save the first screen (``full_page``:
     the whole page) there."""
+    report, stop = watch(page, url)
+    try:
+        page.goto(url, wait_until="load")
+        inspect(page, report, screenshot=screenshot, full_page=full_page,
+                check_links=check_links)
+    finally:
+        stop()
+    return report
+
+
+def watch(page, url: str):
+    """Start recording what goes wrong on ``page`` before it loads ``url``:
+    console errors, uncaught exceptions, failed and 4xx/5xx requests, and
+    requests that leave the site (aborted: the page never reaches the
+    network). Returns the report and a function that stops recording. The
+    browser tests' page cache (conftest.py) watches every desktop load, so
+    the audit can inspect a page other read-only checks already used."""
     report = PageReport(url)
     origin = "{0.scheme}://{0.netloc}".format(urlparse(url))
 
     def on_console(msg):
         if msg.type == "error":
             report.add(f"console error: {msg.text}")
+
+    def on_page_error(exc):
+        report.add(f"page error: {exc}")
 
     def on_request(request):
         if not request.url.startswith((origin, "data:", "blob:", "about:")):
@@ -68,39 +89,42 @@ def audit_page(page, url: str, *, screenshot: str | None = None,
         if response.url.startswith(origin) and response.status >= 400:
             report.add(f"HTTP {response.status} for {response.url}")
 
-    page.on("console", on_console)
-    page.on("pageerror", lambda exc: report.add(f"page error: {exc}"))
-    page.on("request", on_request)
-    page.on("requestfailed", on_failed)
-    page.on("response", on_response)
+    listeners = [("console", on_console), ("pageerror", on_page_error),
+                 ("request", on_request), ("requestfailed", on_failed),
+                 ("response", on_response)]
+    for event, listener in listeners:
+        page.on(event, listener)
     # Never let a page reach the network: anything not served locally is
     # recorded above as a problem and aborted here.
     page.route(lambda u: not u.startswith(origin), lambda r: r.abort())
-    try:
-        page.goto(url, wait_until="load")
-        _load_lazy_images(page)
-        # Wait for images to settle (loaded or failed); not "networkidle",
-        # which a busy machine can miss while nothing is actually pending.
-        page.wait_for_function(
-            "() => Array.from(document.images).every(i => i.complete)",
-            timeout=20000)
-        _wait_for_mathjax(page, report)
-        _check_images(page, report)
-        _check_math(page, report)
-        _check_explorers(page, report)
-        _check_dropdowns(page, report)
-        if check_links:
-            _check_links(page, report, origin)
-        if screenshot:
-            if not full_page:            # the first screen, as a reader
-                page.evaluate("() => window.scrollTo(0, 0)")  # lands
-            page.screenshot(path=screenshot, full_page=full_page)
-    finally:
-        page.remove_listener("console", on_console)
-        page.remove_listener("request", on_request)
-        page.remove_listener("requestfailed", on_failed)
-        page.remove_listener("response", on_response)
-    return report
+
+    def stop():
+        for event, listener in listeners:
+            page.remove_listener(event, listener)
+    return report, stop
+
+
+def inspect(page, report: PageReport, *, screenshot: str | None = None,
+            full_page: bool = False, check_links: bool = True) -> None:
+    """The checks of a loaded page (its load watched by :func:`watch`)."""
+    origin = "{0.scheme}://{0.netloc}".format(urlparse(report.url))
+    _load_lazy_images(page)
+    # Wait for images to settle (loaded or failed); not "networkidle",
+    # which a busy machine can miss while nothing is actually pending.
+    page.wait_for_function(
+        "() => Array.from(document.images).every(i => i.complete)",
+        timeout=20000)
+    _wait_for_mathjax(page, report)
+    _check_images(page, report)
+    _check_math(page, report)
+    _check_explorers(page, report)
+    _check_dropdowns(page, report)
+    if check_links:
+        _check_links(page, report, origin)
+    if screenshot:
+        if not full_page:            # the first screen, as a reader
+            page.evaluate("() => window.scrollTo(0, 0)")  # lands
+        page.screenshot(path=screenshot, full_page=full_page)
 
 
 def _load_lazy_images(page) -> None:

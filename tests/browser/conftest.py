@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from audit import watch
+
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html"))
 SCREENSHOTS = ROOT / "_build" / "screenshots"
@@ -131,7 +133,7 @@ def site():
 # pytest-xdist 3.8's ``--dist loadgroup`` has no effect under pytest 9: it
 # renames ``item._nodeid``, which pytest 9 no longer reads.)
 READ_ONLY_FIXTURES = ("fresh_page", "fresh_phone")
-SHARED_FIXTURES = READ_ONLY_FIXTURES + ("used_page",)
+SHARED_FIXTURES = READ_ONLY_FIXTURES + ("audited_page", "used_page")
 VIEWPORTS = {"desktop": {"width": 1280, "height": 900},
              "phone": {"width": 390, "height": 844}}
 
@@ -157,7 +159,11 @@ def pytest_collection_modifyitems(config, items):
             keys.append((i, 0, i))
             continue
         first.setdefault(rel, i)
-        keys.append((first[rel], "used_page" in fixtures, i))
+        # read-only checks, then the audit (it clicks, but needs the page
+        # as loaded: it opens each <details> once), then the rest
+        kind = 1 if "audited_page" in fixtures else \
+            2 if "used_page" in fixtures else 0
+        keys.append((first[rel], kind, i))
     order = sorted(range(len(items)), key=keys.__getitem__)
     items[:] = [items[i] for i in order]
 
@@ -170,18 +176,25 @@ class _PageCache:
         self.browser = browser
         self.loaded: dict[str, dict] = {}    # viewport -> url, context, page
 
-    def get(self, url: str, viewport: str, opener, *, use: bool = False):
+    def get(self, url: str, viewport: str, opener, *, use: bool = False,
+            audit: bool = False):
         entry = self.loaded.get(viewport)
         if entry is None or entry["url"] != url or (
-                entry["used"] and not use):
+                entry["used"] and not use) or (
+                audit and (entry["used"] or entry["audited"])):
             self.close(viewport)
             context = self.browser.new_context(viewport=VIEWPORTS[viewport])
             page = context.new_page()
+            # Record what goes wrong from the first request on, for the
+            # audit, which then needs no load of its own.
+            report, _ = watch(page, url)
             opener(page, url)
             entry = self.loaded[viewport] = {
-                "url": url, "context": context, "page": page, "used": False}
+                "url": url, "context": context, "page": page, "used": False,
+                "report": report, "audited": False}
         entry["used"] |= use
-        return entry["page"]
+        entry["audited"] |= audit
+        return (entry["page"], entry["report"]) if audit else entry["page"]
 
     def close(self, viewport: str | None = None):
         for vp in [viewport] if viewport else list(self.loaded):
@@ -210,6 +223,16 @@ def fresh_phone(_page_cache, site):
     """``fresh_phone(rel)``: as ``fresh_page``, at 390 x 844 (a phone)."""
     return lambda rel: _page_cache.get(f"{site.url}/{rel}", "phone",
                                        open_page)
+
+
+@pytest.fixture()
+def audited_page(_page_cache, site):
+    """``audited_page(rel)``: ``(page, report)``, the shared desktop load of
+    ``rel`` and what :func:`audit.watch` recorded during it (console
+    errors, failed or off-site requests), for the audit's checks of the
+    loaded page. The page counts as used afterwards."""
+    return lambda rel: _page_cache.get(f"{site.url}/{rel}", "desktop",
+                                       open_page, use=True, audit=True)
 
 
 @pytest.fixture()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from audit import audit_page, colab_links
+from audit import colab_links, inspect
 from conftest import ROOT, SCREENSHOTS, SITE
 
 pytestmark = pytest.mark.browser
@@ -55,12 +55,14 @@ def chapter_of(rel: str) -> str:
 
 
 @pytest.mark.parametrize("rel", PAGES)
-def test_page_has_no_problems(site, page, rel):
+def test_page_has_no_problems(audited_page, rel):
+    """The audit (audit.py) of the page's shared desktop load: what went
+    wrong while it loaded, then the checks of the loaded page."""
     assert (SITE / rel).exists(), f"{rel} was not built"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / (rel.replace("/", "__").replace(".html", ".png"))
-    report = audit_page(page, f"{site.url}/{rel}", screenshot=str(shot),
-                        full_page=FULL_SCREENSHOTS)
+    page, report = audited_page(rel)
+    inspect(page, report, screenshot=str(shot), full_page=FULL_SCREENSHOTS)
     assert report.problems == [], "\n".join(report.problems)
 
 
