@@ -172,6 +172,10 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return F.scaled_dot_product_attention(q, k, v, scale=scale,
                                               enable_gqa=enable_gqa)
     has_key = mask.any(dim=-1, keepdim=True)               # (..., Lq, 1)
+    # The kernel adds the mask to Q K^T in place, so Q K^T must have the
+    # mask's batch axes even when only v has them: expand q (a view).
+    q = q.expand(*torch.broadcast_shapes(q.shape[:-2], mask.shape[:-2]),
+                 *q.shape[-2:])
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask | ~has_key, scale=scale,
         enable_gqa=enable_gqa)                             # (..., Lq, d_v)

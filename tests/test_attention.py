@@ -537,3 +537,272 @@ def test_score_variance_mc_defaults_generator_and_checks():
         A.score_variance_mc(3, 10, sigma_k="1")
     with pytest.raises(ValueError, match=r"^z must be a floating tensor"):
         A.softmax_jacobian([1.0, 2.0])
+
+
+# ---- mutation testing (issue 17)
+# Tests added because a mutant of course_lib.attention survived the ones
+# above (benchmarks/mutation.md, "attention survivors and why").
+def _full(pattern):
+    """pytest.raises match for a whole message, given literally."""
+    import re
+    return "^" + re.escape(pattern) + "$"
+
+
+def test_attention_input_messages_in_full():
+    q, k, v = _qkv(2)
+    sdpa = A.scaled_dot_product_attention
+    for call, message in (
+            (lambda: sdpa(torch.ones(3), k, v),
+             "q must be a tensor (..., L, d), got torch.Size([3])"),
+            (lambda: sdpa([1.0], k, v),
+             "q must be a tensor (..., L, d), got [1.0]"),
+            (lambda: sdpa(q, k, torch.ones(3)),
+             "v must be a tensor (..., L, d), got torch.Size([3])"),
+            (lambda: sdpa(q, k, v.long()),
+             "v must be floating point, got torch.int64"),
+            (lambda: sdpa(q, k[..., :3], v), "q and k must share d_k, got "
+             "q (2, 5, 8), k (2, 7, 3), v (2, 7, 6)"),
+            (lambda: sdpa(q, k, v[:, :4]), "k and v must share the length "
+             "Lk, got q (2, 5, 8), k (2, 7, 8), v (2, 4, 6)"),
+            (lambda: sdpa(q, torch.randn(3, 7, 8), v), "leading dims do not "
+             "broadcast: q (2, 5, 8), k (3, 7, 8), v (2, 7, 6)"),
+            (lambda: A.attention_weights_bytes(4, batch=0),
+             "batch must be >= 1, got 0"),
+            (lambda: A.attention_weights_bytes(4, n_heads=0),
+             "n_heads must be >= 1, got 0")):
+        with pytest.raises(ValueError, match=_full(message)):
+            call()
+    gqa = ("enable_gqa=True needs q (B, H, Lq, d_k) and k (B, G, Lk, d_k) "
+           "with H a multiple of G, got ")
+    q4 = torch.randn(1, 4, 5, 8)
+    for qq, kk, shown in (
+            ([1.0], k, "q (), k (2, 7, 8)"),
+            (q4, [1.0], "q (1, 4, 5, 8), k ()"),
+            # no K/V head at all: a ValueError, not a ZeroDivisionError
+            (q4, torch.randn(1, 0, 7, 8), "q (1, 4, 5, 8), k (1, 0, 7, 8)"),
+            # 3-D q and k whose second sizes divide: still not (B, H, L, d)
+            (torch.randn(2, 6, 8), torch.randn(2, 3, 8),
+             "q (2, 6, 8), k (2, 3, 8)")):
+        with pytest.raises(ValueError, match=_full(gqa + shown)):
+            A.fused_attention(qq, kk, kk, enable_gqa=True)
+
+
+# Leading (batch) dims that do not broadcast, each with one axis more or
+# fewer somewhere: the reference (torch.broadcast_shapes) refuses them too.
+@pytest.mark.parametrize("qs,ks,vs", [
+    ((2, 5, 8), (2, 5, 7, 8), (2, 5, 7, 6)),
+    ((2, 3, 5, 8), (2, 7, 8), (2, 7, 6)),
+    ((2, 5, 8), (3, 7, 8), (3, 7, 6)),
+    ((2, 7, 5, 8), (2, 7, 8), (2, 7, 7, 6)),
+    ((2, 5, 8), (2, 3, 7, 8), (2, 7, 6)),
+    ((2, 5, 8), (2, 7, 8), (3, 7, 6)),
+    ((2, 7, 5, 8), (2, 7, 7, 8), (2, 7, 6)),
+    ((2, 5, 8), (2, 7, 8), (2, 3, 7, 6))])
+def test_leading_dims_that_do_not_broadcast_are_refused(qs, ks, vs):
+    with pytest.raises(RuntimeError):
+        torch.broadcast_shapes(qs[:-2], ks[:-2], vs[:-2])
+    q, k, v = torch.randn(qs), torch.randn(ks), torch.randn(vs)
+    for attend in (A.scaled_dot_product_attention, A.fused_attention):
+        with pytest.raises(ValueError, match="^leading dims do not "
+                           "broadcast: "):
+            attend(q, k, v)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_batch_dims_of_any_one_input_admit_a_full_batched_mask(which):
+    # Only one of q, k, v has a batch axis (3,): the scores are (3, 5, 7),
+    # so a (3, 5, 7) mask is allowed and a (2, 3, 5, 7) one is not.
+    shapes = {"q": (5, 8), "k": (7, 8), "v": (7, 6)}
+    shapes[which] = (3, *shapes[which])
+    q, k, v = (torch.randn(shapes[n]) for n in "qkv")
+    mask = torch.rand(3, 5, 7) > 0.4
+    mask[..., 0] = True
+    ref = F.scaled_dot_product_attention(
+        q.expand(3, 5, 8), k.expand(3, 7, 8), v.expand(3, 7, 6),
+        attn_mask=mask)
+    out, w = A.scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert w.shape == (3, 5, 7)
+    torch.testing.assert_close(A.fused_attention(q, k, v, mask), ref,
+                               atol=1e-5, rtol=1e-5)
+    for attend in (A.scaled_dot_product_attention, A.fused_attention):
+        with pytest.raises(ValueError, match=r"^mask of shape \(2, 3, 5, 7\)"
+                           r" does not broadcast to the scores"):
+            attend(q, k, v, torch.ones(2, 3, 5, 7, dtype=torch.bool))
+
+
+def test_fused_attention_mask_with_batch_axes_only_v_has():
+    # Bug found by the test above (v's case): torch's kernel adds the mask
+    # to Q K^T in place, so a mask with a batch axis that only v has
+    # raised torch's RuntimeError ("output with shape [5, 7] doesn't
+    # match the broadcast shape [3, 5, 7]"). Also with GQA.
+    q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 7, 8)
+    v = torch.randn(3, 2, 7, 6)
+    mask = torch.rand(3, 4, 5, 7) > 0.4
+    mask[..., 0] = True
+    ref = F.scaled_dot_product_attention(
+        q.expand(3, -1, -1, -1), k.repeat_interleave(2, 1).expand(3, -1, -1,
+                                                                  -1),
+        v.repeat_interleave(2, 1), attn_mask=mask)
+    out = A.fused_attention(q, k, v, mask, enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_attention_checks_its_mask_and_scale_without_gqa():
+    q, k, v = torch.randn(5, 8), torch.randn(7, 8), torch.randn(7, 6)
+    with pytest.raises(ValueError, match="^mask must be a bool tensor"):
+        A.fused_attention(q, k, v, torch.ones(5, 7))
+    # an unbatched call: a batched mask would silently add a batch axis
+    with pytest.raises(ValueError, match=_full(
+            "mask of shape (3, 5, 7) does not broadcast to the scores "
+            "(..., Lq, Lk) = (5, 7)")):
+        A.fused_attention(q, k, v, torch.ones(3, 5, 7, dtype=torch.bool))
+
+
+def test_fused_attention_custom_scale_without_mask_and_with_gqa():
+    q, k, v = _qkv(2, 3)
+    torch.testing.assert_close(
+        A.fused_attention(q, k, v, scale=0.37),
+        F.scaled_dot_product_attention(q, k, v, scale=0.37),
+        atol=1e-5, rtol=1e-5)
+    # GQA: 6 query heads, 2 K/V heads, each serving 3 query heads
+    q6 = torch.randn(2, 6, 5, 8)
+    k2, v2 = torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 6)
+    mask = M.causal_mask(5, 7)
+    for m in (None, mask):
+        ref = F.scaled_dot_product_attention(
+            q6, k2.repeat_interleave(3, 1), v2.repeat_interleave(3, 1),
+            attn_mask=m, scale=0.37)
+        out = A.fused_attention(q6, k2, v2, m, scale=0.37, enable_gqa=True)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="^scale must be > 0, got -1.0"):
+        A.fused_attention(q6, k2, v2, scale=-1.0, enable_gqa=True)
+
+
+def test_fused_attention_zeroes_dead_rows_whatever_the_kernel_does(
+        monkeypatch):
+    # torch 2.13's kernel returns zeros for a query row with no allowed
+    # key by itself; older kernels (the math path before torch 2.5)
+    # returned NaN. A stand-in kernel written by hand that does the
+    # latter: fused_attention must still zero exactly the dead rows.
+    def nan_kernel(q, k, v, attn_mask=None, scale=None, enable_gqa=False):
+        s = (q @ k.transpose(-2, -1)) * scale
+        if attn_mask is not None:
+            s = s.masked_fill(~attn_mask, float("-inf"))
+        return torch.softmax(s, dim=-1) @ v          # NaN in dead rows
+    monkeypatch.setattr(F, "scaled_dot_product_attention", nan_kernel)
+    q, k, v = _qkv(2, lq=4, lk=4)
+    mask = torch.ones(2, 4, 4, dtype=torch.bool)
+    mask[1] = False                                   # batch 1: no key
+    mask[0, 2] = False                                # and one row of 0
+    out = A.fused_attention(q, k, v, mask)
+    assert torch.all(out[1] == 0) and torch.all(out[0, 2] == 0)
+    live = [0, 1, 3]
+    s = q[0, live] @ k[0].T / math.sqrt(8)            # every key allowed
+    torch.testing.assert_close(out[0, live], torch.softmax(s, -1) @ v[0])
+
+
+def test_profile_fused_attention_defaults_arguments_and_sum(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch.profiler
+    seen = {}
+
+    class FakeProfile:
+        """torch.profiler.profile with known events."""
+        def __init__(self, **kw):
+            seen["profile"] = kw
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def key_averages(self):
+            return [SimpleNamespace(key=key, self_cpu_memory_usage=mem)
+                    for key, mem in (("aten::zeros", -40), ("b_attention", 0),
+                                     ("a_attention", 100), ("aten::mm", 250))]
+
+    real = F.scaled_dot_product_attention
+
+    def kernel(q, k, v, *a, **kw):
+        seen["shapes"] = (q.shape, k.shape, v.shape)
+        return real(q, k, v, *a, **kw)
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", kernel)
+    kernels, allocated = A.profile_fused_attention(3)
+    # docstring: (1, H, L, d_k) with H = 8 and d_k = 64 by default
+    assert seen["shapes"] == (torch.Size([1, 8, 3, 64]),) * 3
+    assert seen["profile"] == {
+        "activities": [torch.profiler.ProfilerActivity.CPU],
+        "profile_memory": True}
+    assert kernels == ["a_attention", "b_attention"]
+    assert allocated == 100 + 250                    # freed bytes count 0
+    A.profile_fused_attention(1, n_heads=1, d_k=1)   # smallest arguments
+    assert seen["shapes"] == (torch.Size([1, 1, 1, 1]),) * 3
+    for kw, message in (({"length": 0}, "length must be >= 1, got 0"),
+                        ({"n_heads": 0}, "n_heads must be >= 1, got 0"),
+                        ({"d_k": 0}, "d_k must be >= 1, got 0")):
+        kw = {"length": 2, **kw}
+        with pytest.raises(ValueError, match=_full(message)):
+            A.profile_fused_attention(kw.pop("length"), **kw)
+
+
+def _spy_attention_calls(monkeypatch, fake_clock):
+    """Replace both attention paths in course_lib.attention with spies on
+    the fake clock (explicit 3 s, fused 0.5 s a call); returns the list
+    of (path, q, k, v, mask) calls."""
+    calls = []
+
+    def spy(path, real, cost):
+        def timed(q, k, v, mask=None, **kw):
+            calls.append((path, q, k, v, mask))
+            fake_clock.advance(cost)
+            return real(q, k, v, mask, **kw)
+        return timed
+    monkeypatch.setattr(A, "scaled_dot_product_attention",
+                        spy("explicit", A.scaled_dot_product_attention, 3.0))
+    monkeypatch.setattr(A, "fused_attention",
+                        spy("fused", A.fused_attention, 0.5))
+    return calls
+
+
+def test_time_attention_defaults_by_hand(fake_clock, monkeypatch):
+    calls = _spy_attention_calls(monkeypatch, fake_clock)
+    (row,) = A.time_attention([3])
+    # defaults: B 1, H 8, d_k 64, seed 0, no mask, 3 repeats (+ warm-up)
+    expected = torch.randn(3, 1, 8, 3, 64,
+                           generator=torch.Generator().manual_seed(0))
+    assert [c[0] for c in calls] == ["explicit"] * 5 + ["fused"] * 4
+    for _, q, k, v, mask in calls:
+        for got, want in zip((q, k, v), expected):
+            assert torch.equal(got, want)
+        assert mask is None
+    assert (row.length, row.explicit_seconds, row.fused_seconds) == \
+        (3, 3.0, 0.5)
+    assert row.weights_bytes == 1 * 8 * 3 * 3 * 4
+
+
+def test_time_attention_causal_and_seed_by_hand(fake_clock, monkeypatch):
+    calls = _spy_attention_calls(monkeypatch, fake_clock)
+    rows = A.time_attention([1, 4], d_k=2, batch=2, n_heads=1, repeats=1,
+                            causal=True, seed=5)
+    assert [r.length for r in rows] == [1, 4]
+    g = torch.Generator().manual_seed(5)
+    for L in (1, 4):
+        qkv = torch.randn(3, 2, 1, L, 2, generator=g)  # in order, one draw
+        tril = torch.tensor([[j <= i for j in range(L)] for i in range(L)])
+        mine = [c for c in calls if c[1].shape[-2] == L]
+        assert [c[0] for c in mine] == ["explicit"] * 3 + ["fused"] * 2
+        for i, (_, q, k, v, mask) in enumerate(mine):
+            assert torch.equal(torch.stack([q, k, v]), qkv)
+            if i > 0:    # the timed calls (the first only sizes the weights)
+                assert mask.dtype == torch.bool and torch.equal(mask, tril)
+    with pytest.raises(ValueError, match=_full(
+            "each of lengths must be >= 1, got 0")):
+        A.time_attention([0])
+    for name in ("d_k", "batch", "n_heads", "repeats"):
+        with pytest.raises(ValueError, match=_full(
+                f"{name} must be >= 1, got 0")):
+            A.time_attention([2], **{name: 0})

@@ -434,3 +434,176 @@ def test_split_and_merge_heads_messages():
     with pytest.raises(TypeError, match=r"^x must be a torch\.Tensor, got "
                        r"list$"):
         heads.merge_heads([[[[0.0]]]])
+
+
+# ---- mutation testing (issue 17)
+# Tests added because a mutant of course_lib.mha survived the ones above
+# (benchmarks/mutation.md, "mha survivors and why").
+def _rope_mha_by_hand(attn, x, positions, mask):
+    """attn's output and weights by hand: RoPE as complex numbers at the
+    given positions (halves pairing, base 10000), each head's softmax in
+    float64 (query head i reads K/V head i // (H/G)), then o_proj."""
+    import math
+    B, T, _ = x.shape
+    H, G, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    rot = torch.polar(torch.ones(T, d // 2, dtype=torch.float64),
+                      positions.double()[:, None] * theta)
+
+    def rope(z):
+        zc = torch.complex(z[..., :d // 2].double(),
+                           z[..., d // 2:].double()) * rot
+        return torch.cat([zc.real, zc.imag], -1)
+    q = attn.q_proj(x).view(B, T, H, d).transpose(1, 2)
+    k = attn.k_proj(x).view(B, T, G, d).transpose(1, 2)
+    v = attn.v_proj(x).view(B, T, G, d).transpose(1, 2).double()
+    heads, weights = [], []
+    for i in range(H):
+        g = i // (H // G)
+        s = rope(q[:, i]) @ rope(k[:, g]).transpose(-1, -2) / math.sqrt(d)
+        w = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+        heads.append(w @ v[:, g])
+        weights.append(w)
+    out = attn.o_proj(torch.cat(heads, -1).float())
+    return out, torch.stack(weights, 1).float()
+
+
+def test_rope_positions_that_are_not_a_shifted_range():
+    # RoPE depends on m - n only, so positions 5, 6, ... give the same
+    # output as 0, 1, ...: the earlier tests could not tell if the given
+    # positions were used. Gaps change the differences.
+    attn = rope_attention(16, 4, n_kv_heads=2)
+    x, mask = torch.randn(2, 6, 16), causal_mask(6)
+    pos = torch.tensor([0, 3, 4, 9, 10, 30])
+    ref_out, ref_w = _rope_mha_by_hand(attn, x, pos, mask)
+    out, w = attn.forward_with_weights(x, mask, positions=pos)
+    loop_out, loop_w = attn.forward_loop(x, mask, positions=pos)
+    for o, ww in ((out, w), (loop_out, loop_w)):
+        torch.testing.assert_close(o, ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ww, ref_w, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attn(x, mask, positions=pos), ref_out,
+                               atol=1e-5, rtol=1e-5)
+    default = _rope_mha_by_hand(attn, x, torch.arange(6), mask)[0]
+    assert not torch.allclose(default, ref_out, atol=1e-3)
+
+
+def test_rope_default_positions_are_made_on_the_inputs_device(device_spy):
+    # a spy, as for heads: only a CPU here, where device=None changes
+    # no value
+    from course_lib import heads
+    attn = rope_attention(8, 2)
+    x = torch.randn(1, 3, 8)
+    asked = device_spy(heads, "arange")
+    attn(x)
+    assert asked == [x.device]
+    attn.forward_loop(x)
+    assert asked == [x.device] * 3                  # once per head
+
+
+def test_forward_loop_picks_each_heads_mask():
+    # 2 heads (a head index 1 that is not > 2), masks per head with T > 1
+    # and T = 1, and per example (head axis 1): against torch's module.
+    B, T, H = 2, 5, 2
+    mha = MultiHeadAttention(8, H)
+    ref = torch_twin(mha)
+    x = torch.randn(B, T, 8)
+
+    def rand_mask(*shape):
+        m = torch.rand(*shape) > 0.4
+        m[..., 0] = True                                # no empty rows
+        return m
+    per_head, per_head_keys = rand_mask(B, H, T, T), rand_mask(B, H, 1, T)
+    per_example = rand_mask(B, T, T)
+    for mask, full in ((per_head, per_head),
+                       (per_head_keys, per_head_keys.expand(B, H, T, T)),
+                       (per_example, per_example[:, None].expand(B, H, T,
+                                                                 T))):
+        ref_out, ref_w = ref(x, x, x, attn_mask=~full.reshape(B * H, T, T),
+                             average_attn_weights=False)
+        out, w = mha.forward_loop(x, mask)
+        torch.testing.assert_close(out, ref_out, atol=ATOL, rtol=ATOL)
+        torch.testing.assert_close(w, ref_w, atol=ATOL, rtol=ATOL)
+
+
+def test_forward_with_weights_uses_the_cache():
+    # prefill 3 tokens, then 2 more through the cache: the last 2 rows of
+    # torch's module over all 5 positions, causal
+    from course_lib.kv_cache import LayerKVCache
+    mha = MultiHeadAttention(16, 4)
+    ref = torch_twin(mha)
+    x = torch.randn(2, 5, 16)
+    ref_out, ref_w = ref(x, x, x, attn_mask=~causal_mask(5),
+                         average_attn_weights=False)
+    cache = LayerKVCache()
+    mha.forward_with_weights(x[:, :3], causal_mask(3), cache=cache)
+    out, w = mha.forward_with_weights(x[:, 3:], causal_mask(2, 5),
+                                      cache=cache)
+    assert len(cache) == 5 and w.shape == (2, 4, 2, 5)
+    torch.testing.assert_close(out, ref_out[:, 3:], atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(w, ref_w[:, :, 3:], atol=ATOL, rtol=ATOL)
+
+
+def test_fused_flag_picks_the_kernel_for_forward_only(monkeypatch):
+    from course_lib import attention as A
+    from course_lib import mha as mha_module
+    ran = []
+
+    def spy(path, real):
+        def call(*args, **kw):
+            ran.append(path)
+            return real(*args, **kw)
+        return call
+    monkeypatch.setattr(mha_module, "fused_attention",
+                        spy("fused", A.fused_attention))
+    monkeypatch.setattr(mha_module, "scaled_dot_product_attention",
+                        spy("explicit", A.scaled_dot_product_attention))
+    fused = MultiHeadAttention(16, 4, fused=True)
+    assert fused.fused is True and MultiHeadAttention(16, 4).fused is False
+    ref = torch_twin(fused)
+    x, mask = torch.randn(2, 5, 16), causal_mask(5)
+    ref_out, ref_w = ref(x, x, x, attn_mask=~mask,
+                         average_attn_weights=False)
+    torch.testing.assert_close(fused(x, mask), ref_out, atol=ATOL, rtol=ATOL)
+    assert ran == ["fused"]
+    out, w = fused.forward_with_weights(x, mask)     # needs the weights
+    assert ran == ["fused", "explicit"]
+    torch.testing.assert_close(w, ref_w, atol=ATOL, rtol=ATOL)
+    fused.fused = False
+    fused(x, mask)
+    assert ran == ["fused", "explicit", "explicit"]
+
+
+def test_smallest_model_width_and_integer_param_count():
+    mha = MultiHeadAttention(1, 1)                   # d_model = 1 is fine
+    x = torch.randn(2, 3, 1)
+    ref_out, _ = torch_twin(mha)(x, x, x)
+    torch.testing.assert_close(mha(x), ref_out, atol=ATOL, rtol=ATOL)
+    assert mha_param_count(d_model=1, n_heads=1) == 8
+    for kw in ({"d_model": 64, "n_heads": 8, "n_kv_heads": 2},
+               {"d_model": 1, "n_heads": 1, "bias": False}):
+        assert type(mha_param_count(**kw)) is int
+
+
+def test_mha_messages_in_full():
+    import re
+
+    from course_lib.kv_cache import LayerKVCache
+
+    def full(text):
+        return "^" + re.escape(text) + "$"
+    mha = MultiHeadAttention(16, 2)
+    x = torch.randn(2, 5, 16)
+    for call, message in (
+            (lambda: mha(torch.randn(2, 5, 8)),
+             "x must have shape (B, T, d_model=16), got (2, 5, 8)"),
+            (lambda: mha([1.0]),
+             "x must have shape (B, T, d_model=16), got [1.0]"),
+            (lambda: mha(x, context=torch.randn(3, 4, 16)),
+             "context must have shape (B=2, S, d_model=16), got (3, 4, 16)"),
+            (lambda: mha(x, context=x, cache=LayerKVCache()),
+             "cache is for self-attention: pass context=None with a cache")):
+        with pytest.raises(ValueError, match=full(message)):
+            call()
+    with pytest.raises(ValueError, match=r"^rope must be None or a "
+                       r"RotaryEmbedding with head_dim=4, got "):
+        MultiHeadAttention(8, 2, rope=RotaryEmbedding(8))
