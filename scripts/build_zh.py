@@ -25,7 +25,9 @@ search, which segments words with ``jieba``), and the repository path
 Chinese text is stored as the translators wrote it; here, a line break
 between two Chinese characters is removed (HTML would show it as a space).
 
-    python scripts/build_zh.py            # write zh/book/
+    python scripts/build_zh.py            # write zh/book/ (the notebooks
+                                          # hold the English outputs until
+                                          # they are run)
     python scripts/build_zh.py --execute  # and run the notebooks (~7 min)
 """
 from __future__ import annotations
@@ -42,7 +44,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import zh_translations as zt  # noqa: E402
 
 OUT = ROOT / "zh" / "book"
-COLAB = "https://colab.research.google.com/github/"
 LANGUAGE_CELL = ("# 中文版：练习和交互式图表使用中文。\n"
                  "from course_lib.i18n import set_language\n\n"
                  "set_language(\"zh\")")
@@ -84,11 +85,8 @@ def zh_notebook(english: dict, cells: dict, strings: dict) -> dict:
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             cell["source"] = chinese(cells[cell["id"]]).splitlines(True)
-        mystnb = cell.get("metadata", {}).get("mystnb", {})
-        for key, field in zt.FIGURE_FIELDS:
-            text = mystnb.get(key, {}).get(field)
-            if isinstance(text, str) and text.strip():
-                mystnb[key][field] = join_cjk_lines(strings[text])
+        for mystnb, key, field, text in zt.figure_texts(cell):
+            mystnb[key][field] = join_cjk_lines(strings[text])
         out.append(cell)
         if "colab-setup" in cell.get("metadata", {}).get("tags", []):
             out.append(language_cell())
@@ -139,7 +137,7 @@ def config_texts() -> dict[str, str]:
     sphinx["ti_language"] = "zh"
     # Chinese search: jieba cuts words, with the glossary's terms as its
     # user dictionary (a path from the repository root, where make runs)
-    config["sphinx"]["config"]["html_search_options"] = {
+    sphinx["html_search_options"] = {
         "dict": SEARCH_TERMS.relative_to(ROOT).as_posix()}
     # myst-nb's toggles of hidden code ("Show code cell source")
     sphinx["nb_code_prompt_show"] = "显示代码"
@@ -195,17 +193,17 @@ def write(execute: bool = False) -> list[Path]:
     write_config()
     written, skipped = [], []
     for source in zt.sources():
-        cells = complete(source)
-        if cells is None:
+        data = complete(source)
+        if data is None:
             skipped.append(source.name)
             continue
         target = OUT / source.name
         if source.suffix == ".md":
-            target.write_text(chinese(cells["cells"]["page"]),
+            target.write_text(chinese(data["cells"]["page"]),
                               encoding="utf-8")
         else:
-            nb = zh_notebook(json.loads(source.read_text()), cells["cells"],
-                             cells["strings"])
+            nb = zh_notebook(json.loads(source.read_text()), data["cells"],
+                             data["strings"])
             target.write_text(json.dumps(nb, indent=1, ensure_ascii=False)
                               + "\n", encoding="utf-8")
         written.append(target)

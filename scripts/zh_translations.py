@@ -94,6 +94,17 @@ TEXT_KWARGS = {"prompt", "hint", "solution", "options", "explanations",
 FIGURE_FIELDS = (("figure", "caption"), ("image", "alt"))
 
 
+def figure_texts(cell: dict):
+    """``(mystnb, key, field, text)`` for each caption or alt text of a
+    cell (``mystnb[key][field] == text``), the one place that reads them:
+    the translation files, ``build_zh.py`` and its test."""
+    mystnb = cell.get("metadata", {}).get("mystnb", {})
+    for key, field in FIGURE_FIELDS:
+        text = mystnb.get(key, {}).get(field)
+        if isinstance(text, str) and text.strip():
+            yield mystnb, key, field, text
+
+
 def reader_strings(notebook: Path) -> list[str]:
     """The strings a reader sees that are not markdown cells: figure
     captions and alt texts (code cell metadata, :data:`FIGURE_FIELDS`),
@@ -134,11 +145,8 @@ def reader_strings(notebook: Path) -> list[str]:
     # figure captions and image descriptions (alt text) of code cells'
     # outputs, in the cell metadata that myst-nb reads
     for c in nb["cells"]:
-        mystnb = c.get("metadata", {}).get("mystnb", {})
-        for key, field in FIGURE_FIELDS:
-            text = mystnb.get(key, {}).get(field)
-            if isinstance(text, str) and text.strip():
-                found.setdefault(text)
+        for *_, text in figure_texts(c):
+            found.setdefault(text)
 
     for tree in trees:
         for node in ast.walk(tree):
@@ -227,13 +235,8 @@ def problems(chapter_notebook: Path) -> list[str]:
             out.append(f"{where}: stale (the English cell changed; run "
                        f"`stale {chapter_notebook.stem[:4]}`)")
             continue
-        want, got = invariants(en[cid]), invariants(entry["zh"])
-        for kind in want:
-            if want[kind] != got[kind]:
-                missing = list((want[kind] - got[kind]).elements())
-                extra = list((got[kind] - want[kind]).elements())
-                out.append(f"{where}: {kind} differ from the English: "
-                           f"missing {missing[:3]}, extra {extra[:3]}")
+        out += [f"{where}: {d}" for d in _differences(en[cid],
+                                                       entry["zh"])]
     current = set(reader_strings(chapter_notebook))
     for text, zh in data.get("strings", {}).items():
         where = f"{chapter_notebook.stem} string {text[:50]!r}"
@@ -243,11 +246,21 @@ def problems(chapter_notebook: Path) -> list[str]:
             out.append(f"{where}: stale (no exercise or explorer uses this "
                        f"English string any more)")
             continue
-        want, got = invariants(text), invariants(zh)
-        for kind in want:
-            if want[kind] != got[kind]:
-                out.append(f"{where}: {kind} differ from the English")
+        out += [f"{where}: {d}" for d in _differences(text, zh)]
     return out
+
+
+def _differences(english: str, chinese: str) -> list[str]:
+    """What a translation changed of :func:`invariants`, one line per kind."""
+    want, got = invariants(english), invariants(chinese)
+    found = []
+    for kind in want:
+        if want[kind] != got[kind]:
+            missing = list((want[kind] - got[kind]).elements())
+            extra = list((got[kind] - want[kind]).elements())
+            found.append(f"{kind} differ from the English: missing "
+                         f"{missing[:3]}, extra {extra[:3]}")
+    return found
 
 
 # ---------------------------------------------------------------- commands
@@ -258,8 +271,11 @@ def export(chapter: str) -> None:
     added = 0
     cells = {}
     for cid, text in en.items():          # keep the notebook's order
-        if cid in data["cells"]:
+        if data["cells"].get(cid, {}).get("zh") is not None:
             cells[cid] = data["cells"][cid]
+        elif cid in data["cells"]:        # untranslated: show today's text
+            cells[cid] = {**data["cells"][cid], "en_sha": sha(text),
+                          "en": text}
         else:
             cells[cid] = {"en_sha": sha(text), "en": text, "zh": None}
             added += 1
@@ -280,8 +296,13 @@ def export(chapter: str) -> None:
           f"{len(new)} strings in all")
 
 
+def _chosen(chapters: list[str]) -> list[Path]:
+    """The sources named on the command line, or all of them."""
+    return [notebook_for(c) for c in chapters] or sources()
+
+
 def status(chapters: list[str]) -> None:
-    nbs = [notebook_for(c) for c in chapters] or sources()
+    nbs = _chosen(chapters)
     print(f"{'notebook':<42}{'cells':>6}{'done':>6}{'stale':>6}{'to do':>7}"
           f"{'strings':>9}{'done':>6}")
     for nb in nbs:
@@ -298,7 +319,7 @@ def status(chapters: list[str]) -> None:
 
 
 def stale(chapters: list[str]) -> None:
-    nbs = [notebook_for(c) for c in chapters] or sources()
+    nbs = _chosen(chapters)
     for nb in nbs:
         en = english_cells(nb)
         for cid, entry in load(nb)["cells"].items():
@@ -365,7 +386,7 @@ def import_file(chapter: str, path: str) -> None:
 
 
 def check(chapters: list[str]) -> int:
-    nbs = [notebook_for(c) for c in chapters] or sources()
+    nbs = _chosen(chapters)
     found = [p for nb in nbs for p in problems(nb)]
     print("\n".join(found) or "ok")
     return 1 if found else 0

@@ -78,11 +78,9 @@ def test_chinese_notebook_is_the_english_one_in_chinese(english):
         assert z["source"] == e["source"], where
         assert z["metadata"].get("tags", []) == \
             e["metadata"].get("tags", []), where
-        for key, field in zt.FIGURE_FIELDS:       # captions, alt text
-            text = e["metadata"].get("mystnb", {}).get(key, {}).get(field)
-            if text:
-                got = z["metadata"]["mystnb"][key][field]
-                assert got == bz.join_cjk_lines(strings[text]), where
+        for _, key, field, text in zt.figure_texts(e):   # captions, alt
+            got = z["metadata"]["mystnb"][key][field]
+            assert got == bz.join_cjk_lines(strings[text]), where
         if "nbval-ignore-output" not in e["metadata"].get("tags", []):
             assert _texts(z) == _texts(e), f"{where}: run `make zh`"
         if "<strong>Exercise.</strong>" in _html(e):

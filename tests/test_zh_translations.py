@@ -93,6 +93,23 @@ def test_editing_an_english_cell_makes_its_translation_stale(toy, capsys):
     assert zt.problems(toy) == []
 
 
+def test_export_shows_an_untranslated_cell_as_the_english_is_now(toy):
+    data = json.loads(toy.read_text())
+    data["cells"].append({"cell_type": "markdown", "id": "a3",
+                          "metadata": {}, "source": "Old text."})
+    toy.write_text(json.dumps(data))
+    zt.export("ch99")
+    _edit_english(toy, "a3", "New text.")
+    zt.export("ch99")             # not translated yet: refreshed, not stale
+    entry = zt.load(toy)["cells"]["a3"]
+    assert entry["en"] == "New text." and entry["zh"] is None
+    assert entry["en_sha"] == zt.sha("New text.")
+    _edit_english(toy, "a2", "A second cell, edited.")
+    zt.export("ch99")             # translated: kept, and reported stale
+    assert zt.load(toy)["cells"]["a2"]["en"] == "A second cell."
+    assert any("cell a2: stale" in p for p in zt.problems(toy))
+
+
 def test_editing_an_exercise_string_makes_its_translation_stale(toy):
     data = json.loads(toy.read_text())
     data["cells"][1]["source"] = EXERCISE.replace("What is", "Compute")

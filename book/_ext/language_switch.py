@@ -10,7 +10,6 @@ ones), written in the target language and marked with ``hreflang`` and
 The book's language comes from ``ti_language`` ("en" or "zh") in the
 book's ``_config.yml`` (``sphinx: config:``).
 """
-import re
 from pathlib import Path
 
 from sphinx.application import Sphinx
@@ -38,7 +37,7 @@ def add_switch(text: str, href: str, language: str) -> str:
     text = text.replace(_BUTTONS, f"{_BUTTONS}\n{link}", 1)
     alternate = (f'<link rel="alternate" hreflang="{hreflang}" '
                  f'href="{href}" />\n')
-    return re.sub(r"</head>", alternate + "</head>", text, count=1)
+    return text.replace("</head>", alternate + "</head>", 1)
 
 
 def _switch_pages(app: Sphinx, exception) -> None:
