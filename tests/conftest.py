@@ -42,9 +42,7 @@ def smollm2():
     """(model, tokenizer) from course_lib.pretrained.load_smollm2()."""
     if not HAVE_WEIGHTS:
         pytest.skip(SKIP_REASON)
-    import torch
     from course_lib.pretrained import load_smollm2
-    torch.set_num_threads(2)
     return load_smollm2()
 
 

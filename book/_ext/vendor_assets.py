@@ -8,6 +8,7 @@ copy exists, this extension adds it to the static files and points Sphinx's
 When it does not (no npm on the machine), the build still succeeds, uses
 the CDN, and says so in the log.
 """
+import os
 import shutil
 from pathlib import Path
 
@@ -25,17 +26,25 @@ MATHJAX_PARTS = ["tex-chtml.js", "output/chtml/fonts/woff-v2",
 
 
 def _stage_mathjax() -> None:
-    """Copy the needed MathJax files to STATIC/mathjax (once)."""
+    """Copy the needed MathJax files to STATIC/mathjax (once). The English
+    and the Chinese book are built at the same time (Makefile): each
+    copies into a folder of its own and renames it into place, so neither
+    build can see a half-copied tree."""
     target = STATIC / "mathjax"
-    if (target / "tex-chtml.js").exists():
+    if target.exists():
         return
+    staging = STATIC / f"mathjax.{os.getpid()}"
     for part in MATHJAX_PARTS:
-        src, dst = MATHJAX / part, target / part
+        src, dst = MATHJAX / part, staging / part
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
             shutil.copytree(src, dst, dirs_exist_ok=True)
         else:
             shutil.copy2(src, dst)
+    try:
+        staging.rename(target)
+    except OSError:                 # the other build was first: same files
+        shutil.rmtree(staging)
 
 
 def _configure(app: Sphinx, config) -> None:

@@ -104,16 +104,21 @@ def site():
         yield server
 
 
-# -- one load of a page per viewport, shared by the tests of that page ------
+# -- one load of a page, shared by the tests of that page --------------------
 # Most tests are parametrized by a page of the book (``rel``, or a
-# ``chapter`` name). Loading a chapter costs its renderer about a second of
-# CPU (more on a busy machine), so the tests of one page share one load of
-# it per viewport:
+# ``chapter`` name). Loading a chapter costs its renderer about two
+# seconds of CPU (more on a busy machine), so the tests of one page share
+# one load of it:
 #
-# - ``fresh_page(rel)`` (1280 x 900) and ``fresh_phone(rel)`` (390 x 844):
-#   the page exactly as loaded, for checks that only read it (Colab links,
-#   hidden exercise source, formulas as Tab stops, the axe-core scan,
-#   explorer text, sideways scrolling);
+# - ``fresh_page(rel)`` (1280 x 900): the page exactly as loaded, for
+#   checks that only read it (Colab links, hidden exercise source,
+#   formulas as Tab stops, the axe-core scan, explorer text);
+# - ``fresh_phone(rel)`` (390 x 844): the same load, its window narrowed
+#   to a phone's width, for checks that only read it (sideways scrolling,
+#   explorer frames). The page then lays out as a load at 390 px does:
+#   ``test_phone.py`` compares every element's box of both on some pages;
+# - ``audited_page(rel)``: the same load, back at 1280 x 900, with what
+#   went wrong while it loaded, for the audit;
 # - ``used_page(rel)`` (1280 x 900): the same load, for checks that type,
 #   click and press keys (rendered feedback, Enter, the Tab walk, dark
 #   mode). Such a test may find the page after another one of them, so it
@@ -121,21 +126,36 @@ def site():
 #   typing, starts its Tab walk from the top, restores the colour scheme
 #   it sets).
 #
-# Once a page has been used, the next ``fresh_page`` of it loads it again:
-# a read-only check always sees the page as loaded.
+# A check that needs the page as loaded never sees it otherwise: once it
+# has been narrowed, the next ``fresh_page`` loads it again; once it has
+# been used, the next ``fresh_page``, ``fresh_phone`` or audit too.
 # ``pytest_collection_modifyitems`` puts a page's tests next to each
-# other, read-only ones first, so a worker that receives them together
-# (pytest-xdist hands out runs of consecutive tests) loads the page once
-# per viewport for all of them; at worst, one load per test, as before.
-# The audit (``test_page_has_no_problems``) keeps its own load: it listens
-# to every request from the start.
+# other in that order (desktop read-only, phone, audit, the rest), so a
+# worker that receives them together (pytest-xdist hands out runs of
+# consecutive tests) loads the page once for all of them; at worst, once
+# per test.
 # (An xdist group would pin a page's tests to one worker, but
 # pytest-xdist 3.8's ``--dist loadgroup`` has no effect under pytest 9: it
 # renames ``item._nodeid``, which pytest 9 no longer reads.)
-READ_ONLY_FIXTURES = ("fresh_page", "fresh_phone")
-SHARED_FIXTURES = READ_ONLY_FIXTURES + ("audited_page", "used_page")
+SHARED_FIXTURES = ("fresh_page", "fresh_phone", "audited_page", "used_page")
 VIEWPORTS = {"desktop": {"width": 1280, "height": 900},
              "phone": {"width": 390, "height": 844}}
+
+# After a window changes size: every running animation and transition
+# (the theme slides its drawers off screen at a phone's width) finished,
+# and two frames drawn.
+SETTLE_JS = """() => Promise.all(document.getAnimations()
+        .filter(a => a.effect && isFinite(a.effect.getComputedTiming().endTime))
+        .map(a => a.finished.catch(() => null)))
+    .then(() => new Promise(r => requestAnimationFrame(
+        () => requestAnimationFrame(() => r(true)))))"""
+
+
+def resize(page, viewport: str) -> None:
+    """Set the window of ``page`` to ``VIEWPORTS[viewport]`` and wait until
+    the page has laid itself out again."""
+    page.set_viewport_size(VIEWPORTS[viewport])
+    page.evaluate(SETTLE_JS)
 
 
 def page_of(item) -> str | None:
@@ -153,53 +173,59 @@ def pytest_collection_modifyitems(config, items):
     keys = []
     for i, item in enumerate(items):
         fixtures = getattr(item, "fixturenames", ())
-        shared = any(f in fixtures for f in SHARED_FIXTURES)
+        shared = [f for f in SHARED_FIXTURES if f in fixtures]
         rel = page_of(item) if shared else None
         if rel is None:
             keys.append((i, 0, i))
             continue
         first.setdefault(rel, i)
-        # read-only checks, then the audit (it clicks, but needs the page
-        # as loaded: it opens each <details> once), then the rest
-        kind = 1 if "audited_page" in fixtures else \
-            2 if "used_page" in fixtures else 0
+        # the order of SHARED_FIXTURES: read-only checks of the page as
+        # loaded, then at a phone's width, then the audit (it clicks, but
+        # needs the page unused: it opens each <details> once), then the
+        # checks that use the page
+        kind = max(SHARED_FIXTURES.index(f) for f in shared)
         keys.append((first[rel], kind, i))
     order = sorted(range(len(items)), key=keys.__getitem__)
     items[:] = [items[i] for i in order]
 
 
 class _PageCache:
-    """The last page loaded, in its own context, per viewport; ``used``
-    once a test has interacted with it."""
+    """The last page loaded, in its own context: its window size now, and
+    whether it has been narrowed, audited or used since it loaded."""
 
     def __init__(self, browser):
         self.browser = browser
-        self.loaded: dict[str, dict] = {}    # viewport -> url, context, page
+        self.entry: dict | None = None
 
-    def get(self, url: str, viewport: str, opener, *, use: bool = False,
-            audit: bool = False):
-        entry = self.loaded.get(viewport)
-        if entry is None or entry["url"] != url or (
-                entry["used"] and not use) or (
-                audit and (entry["used"] or entry["audited"])):
-            self.close(viewport)
-            context = self.browser.new_context(viewport=VIEWPORTS[viewport])
+    def get(self, url: str, viewport: str, opener, *, as_loaded=False,
+            use=False, audit=False):
+        e = self.entry
+        if (e is None or e["url"] != url
+                or (as_loaded and (e["resized"] or e["used"]))
+                or (e["used"] and (audit or not use))):
+            self.close()
+            context = self.browser.new_context(viewport=VIEWPORTS["desktop"])
             page = context.new_page()
             # Record what goes wrong from the first request on, for the
             # audit, which then needs no load of its own.
             report, _ = watch(page, url)
             opener(page, url)
-            entry = self.loaded[viewport] = {
-                "url": url, "context": context, "page": page, "used": False,
-                "report": report, "audited": False}
-        entry["used"] |= use
-        entry["audited"] |= audit
-        return (entry["page"], entry["report"]) if audit else entry["page"]
+            e = self.entry = {
+                "url": url, "context": context, "page": page,
+                "report": report, "viewport": "desktop", "resized": False,
+                "used": False, "audited": False}
+        if e["viewport"] != viewport:
+            resize(e["page"], viewport)
+            e["viewport"] = viewport
+            e["resized"] = True
+        e["used"] |= use
+        e["audited"] |= audit
+        return (e["page"], e["report"]) if audit else e["page"]
 
-    def close(self, viewport: str | None = None):
-        for vp in [viewport] if viewport else list(self.loaded):
-            if vp in self.loaded:
-                self.loaded.pop(vp)["context"].close()
+    def close(self):
+        if self.entry is not None:
+            self.entry.pop("context").close()
+            self.entry = None
 
 
 @pytest.fixture(scope="session")
@@ -215,22 +241,25 @@ def fresh_page(_page_cache, site):
     event, MathJax done) at 1280 x 900, shared by the read-only checks of
     that page. A test that uses it must not change the page."""
     return lambda rel: _page_cache.get(f"{site.url}/{rel}", "desktop",
-                                       open_page)
+                                       open_page, as_loaded=True)
 
 
 @pytest.fixture()
 def fresh_phone(_page_cache, site):
-    """``fresh_phone(rel)``: as ``fresh_page``, at 390 x 844 (a phone)."""
+    """``fresh_phone(rel)``: the shared load of ``rel``, not used yet, its
+    window set to 390 x 844 (a phone). A test that uses it must not change
+    the page."""
     return lambda rel: _page_cache.get(f"{site.url}/{rel}", "phone",
                                        open_page)
 
 
 @pytest.fixture()
 def audited_page(_page_cache, site):
-    """``audited_page(rel)``: ``(page, report)``, the shared desktop load of
-    ``rel`` and what :func:`audit.watch` recorded during it (console
-    errors, failed or off-site requests), for the audit's checks of the
-    loaded page. The page counts as used afterwards."""
+    """``audited_page(rel)``: ``(page, report)``, the shared load of
+    ``rel``, not used yet, at 1280 x 900, and what :func:`audit.watch`
+    recorded since it began (console errors, failed or off-site requests),
+    for the audit's checks of the loaded page. The page counts as used
+    afterwards."""
     return lambda rel: _page_cache.get(f"{site.url}/{rel}", "desktop",
                                        open_page, use=True, audit=True)
 
