@@ -3,16 +3,15 @@
 References used: torch.nn.MultiheadAttention with copied weights (self- and
 cross-attention, with boolean masks converted to torch's True = blocked
 convention), the explicit loop over heads, an MHA whose K/V weights are the
-GQA weights duplicated per group, torch's repeat_interleave, closed-form
-parameter counts and published KV-cache sizes.
+GQA weights duplicated per group, closed-form parameter counts and
+published KV-cache sizes.
 """
 import pytest
 import torch
 from torch import nn
 
 from course_lib.masking import causal_mask, padding_mask
-from course_lib.mha import (MultiHeadAttention, merge_heads,
-                            mha_param_count, repeat_kv, split_heads)
+from course_lib.mha import MultiHeadAttention, mha_param_count
 from course_lib.positional import RotaryEmbedding
 
 ATOL = 1e-5
@@ -188,15 +187,6 @@ def test_mqa_shapes_and_shared_kv():
     assert not torch.allclose(w[:, 0], w[:, 2])
 
 
-def test_repeat_kv_matches_repeat_interleave():
-    x = torch.randn(2, 3, 5, 4)
-    out = repeat_kv(x, 2)
-    assert out.shape == (2, 6, 5, 4)
-    assert torch.equal(out, x.repeat_interleave(2, dim=1))
-    assert torch.equal(out[:, 4], x[:, 2])                  # head 4 -> kv 2
-    assert repeat_kv(x, 1) is x
-
-
 # ------------------------------------------------------- parameter counts
 @pytest.mark.parametrize("d_model,n_heads,n_kv_heads,bias", [
     (512, 8, None, True), (512, 8, None, False), (64, 8, 2, True),
@@ -312,32 +302,6 @@ def test_bad_forward_inputs():
         mha.forward_loop(torch.randn(2, 5, 8))
 
 
-def test_bad_helper_arguments():
-    with pytest.raises(ValueError, match=r"n_rep must be >= 1, got 0"):
-        repeat_kv(torch.randn(1, 2, 3, 4), 0)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, G, S, d_k\)"):
-        repeat_kv(torch.randn(2, 3, 4), 2)
-    with pytest.raises(ValueError, match=r"n_heads must be divisible"):
-        mha_param_count(d_model=64, n_heads=8, n_kv_heads=3)
-    with pytest.raises(ValueError, match=r"n_heads=3, got \(2, 5, 8\)"):
-        split_heads(torch.randn(2, 5, 8), 3)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, H, T, d_k\)"):
-        merge_heads(torch.randn(2, 5, 8))
-
-
-def test_split_and_merge_heads_against_loop():
-    x = torch.randn(2, 5, 12)
-    s = split_heads(x, 3)
-    assert s.shape == (2, 3, 5, 4)
-    for b in range(2):
-        for h in range(3):
-            for t in range(5):
-                assert torch.equal(s[b, h, t], x[b, t, 4 * h:4 * h + 4])
-    assert torch.equal(merge_heads(s), x)
-    # the tempting x.view(B, H, T, d_k) is a different (wrong) split
-    assert not torch.equal(x.view(2, 3, 5, 4), s)
-
-
 # ------------------------------------------------------ the RoPE hook
 def rope_attention(d_model, n_heads, **kw):
     """MultiHeadAttention with its position hook set to RoPE."""
@@ -398,42 +362,6 @@ def test_rope_hook_bad_inputs():
         MultiHeadAttention(8, 2, rope=RotaryEmbedding(8))
     with pytest.raises(ValueError, match="x must have last dim head_dim=8"):
         RotaryEmbedding(8)(torch.randn(1, 3, 6), torch.arange(3))
-
-
-# ------------------------------------ mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.heads survived the ones above.
-def test_query_positions_by_hand(device_spy):
-    from course_lib import heads
-    from course_lib.kv_cache import LayerKVCache
-    cpu = torch.device("cpu")
-    assert heads.query_positions(None, 3, None, cpu).tolist() == [0, 1, 2]
-    cache = LayerKVCache()
-    cache.update(torch.zeros(1, 4, 2))                     # 4 cached
-    assert heads.query_positions(None, 2, cache, cpu).tolist() == [4, 5]
-    given = torch.tensor([4, 5])
-    assert heads.query_positions(given, 2, cache, cpu) is given
-    with pytest.raises(ValueError, match=r"^positions must continue the "
-                       r"cache, i\.e\. start at 4"):
-        heads.query_positions(torch.tensor([0, 1]), 2, cache, cpu)
-    msg = r"^positions must be a tensor of shape \(T,\) = \(2,\), got "
-    with pytest.raises(ValueError, match=msg + r"torch\.Size\(\[3\]\)$"):
-        heads.query_positions(torch.arange(3), 2, None, cpu)
-    with pytest.raises(ValueError, match=msg + r"\[0, 1\]$"):
-        heads.query_positions([0, 1], 2, None, cpu)
-    # the default positions are built on the device asked for (a spy:
-    # there is only a CPU here, where a dropped device= changes nothing)
-    asked = device_spy(heads, "arange")
-    heads.query_positions(None, 2, None, cpu)
-    assert asked == [cpu]
-
-
-def test_split_and_merge_heads_messages():
-    from course_lib import heads
-    with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0$"):
-        heads.split_heads(torch.zeros(1, 2, 4), 0)
-    with pytest.raises(TypeError, match=r"^x must be a torch\.Tensor, got "
-                       r"list$"):
-        heads.merge_heads([[[[0.0]]]])
 
 
 # ---- mutation testing (issue 17)

@@ -1,7 +1,9 @@
 """Tests for course_lib.mla (multi-head latent attention, chapter 10).
 
 The comparison with Hugging Face's DeepseekV3Attention is in
-test_mla_reference.py (it imports transformers, which is slow)."""
+test_mla_reference.py (it imports transformers, which is slow); the
+configuration and its parameter count (course_lib.mla_config) are tested
+in test_mla_config.py."""
 import math
 from dataclasses import replace
 from types import SimpleNamespace
@@ -12,19 +14,12 @@ import torch
 from course_lib.masking import causal_mask
 from course_lib.decoding import generate
 from course_lib.kv_cache import KVCache, LayerKVCache, kv_cache_bytes
-from course_lib.mla import MLAConfig, MultiHeadLatentAttention, \
-    mla_param_count
+from course_lib.mla import MLAConfig, MultiHeadLatentAttention
 from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
 from course_lib.positional import apply_rope
+from mla_support import tiny
 
 ATOL = 1e-5
-
-
-def tiny(**kw) -> MLAConfig:
-    base = dict(hidden_size=48, num_attention_heads=4, q_lora_rank=24,
-                kv_lora_rank=32, qk_nope_head_dim=8, qk_rope_head_dim=6,
-                v_head_dim=10)
-    return MLAConfig(**{**base, **kw})
 
 
 def make(cfg=None, seed=123, **kw) -> MultiHeadLatentAttention:
@@ -39,31 +34,6 @@ def make(cfg=None, seed=123, **kw) -> MultiHeadLatentAttention:
 
 
 # ------------------------------------------------------------------ config
-def test_presets_are_the_published_values():
-    v3 = MLAConfig.deepseek_v3()
-    assert (v3.hidden_size, v3.num_attention_heads, v3.q_lora_rank,
-            v3.kv_lora_rank, v3.qk_nope_head_dim, v3.qk_rope_head_dim,
-            v3.v_head_dim, v3.rope_theta) == (7168, 128, 1536, 512, 128, 64,
-                                               128, 10000.0)
-    assert v3.qk_head_dim == 192 and v3.rms_norm_eps == 1e-6
-    assert not v3.attention_bias
-    assert MLAConfig.deepseek_v2().hidden_size == 5120
-    lite = MLAConfig.deepseek_v2_lite()
-    assert (lite.hidden_size, lite.num_attention_heads,
-            lite.q_lora_rank) == (2048, 16, None)
-    assert MLAConfig.deepseek_v3(num_attention_heads=64) \
-        .num_attention_heads == 64
-    # YaRN rope_scaling exactly as in the released config.json files
-    assert v3.rope_scaling == {
-        "type": "yarn", "factor": 40, "original_max_position_embeddings":
-        4096, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
-        "mscale_all_dim": 1.0}
-    assert MLAConfig.deepseek_v2().rope_scaling == \
-        lite.rope_scaling == dict(v3.rope_scaling, mscale=0.707,
-                                  mscale_all_dim=0.707)
-    assert MLAConfig().rope_scaling is None               # plain RoPE
-
-
 def test_yarn_scale_and_plain_default():
     v3 = MLAConfig.deepseek_v3()
     with torch.device("meta"):
@@ -75,52 +45,9 @@ def test_yarn_scale_and_plain_default():
     assert m.omega.dtype == torch.float64 and m.omega.shape == (32,)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(qk_rope_head_dim=7), r"qk_rope_head_dim must be even \(RoPE rotates pairs\), got 7"),
-    (dict(kv_lora_rank=0), "kv_lora_rank must be >= 1, got 0"),
-    (dict(q_lora_rank=0), "q_lora_rank must be >= 1, got 0"),
-    (dict(num_attention_heads=2.0), "num_attention_heads must be an int"),
-    (dict(rope_theta=-1.0), "rope_theta must be > 0"),
-    (dict(rms_norm_eps=0.0), "rms_norm_eps must be > 0"),
-    (dict(attention_bias=1), "attention_bias must be a bool"),
-    (dict(rope_scaling={"type": "yarn"}), r"rope_scaling must have "
-     r"exactly the keys .* missing \['factor'"),
-    (dict(rope_scaling=dict(MLAConfig.deepseek_v3().rope_scaling,
-                            factor=0)),
-     r"rope_scaling\['factor'\] must be >= 1, got 0"),
-])
-def test_config_rejects_bad_values(kw, match):
-    with pytest.raises(ValueError, match=match):
-        tiny(**kw)
-
-
 def test_module_rejects_non_config():
     with pytest.raises(ValueError, match="config must be an MLAConfig"):
         MultiHeadLatentAttention({"hidden_size": 8})
-
-
-# ----------------------------------------------------------- param counts
-@pytest.mark.parametrize("cfg", [tiny(), tiny(q_lora_rank=None),
-                                 tiny(attention_bias=True),
-                                 tiny(q_lora_rank=None, attention_bias=True)])
-def test_param_count_closed_form(cfg):
-    m = MultiHeadLatentAttention(cfg)
-    assert sum(p.numel() for p in m.parameters()) == mla_param_count(cfg)
-
-
-def test_param_count_deepseek_v3_by_hand():
-    with torch.device("meta"):
-        m = MultiHeadLatentAttention(MLAConfig.deepseek_v3())
-    sizes = {n: p.numel() for n, p in m.named_parameters()}
-    assert sizes["q_a_proj.weight"] == 7168 * 1536
-    assert sizes["q_b_proj.weight"] == 1536 * 128 * 192
-    assert sizes["kv_a_proj_with_mqa.weight"] == 7168 * (512 + 64)
-    assert sizes["kv_b_proj.weight"] == 512 * 128 * (128 + 128)
-    assert sizes["o_proj.weight"] == 128 * 128 * 7168
-    by_hand = (11_010_048 + 1536 + 37_748_736 + 4_128_768 + 512
-               + 16_777_216 + 117_440_512)
-    assert sum(sizes.values()) == by_hand == \
-        mla_param_count(MLAConfig.deepseek_v3())
 
 
 # --------------------------------------------------- explicit vs absorbed
@@ -415,27 +342,6 @@ def test_yarn_paths_agree_and_cache_decodes(absorb):
                               atol=1e-3)
     shifted = m(x, causal_mask(9), positions=pos - 149_990)
     assert torch.allclose(shifted, full, atol=1e-4)
-
-
-# ------------------------------------ mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.mla_config survived the ones
-# above.
-def test_config_without_query_latent_still_checks_every_other_field():
-    with pytest.raises(ValueError, match=r"^kv_lora_rank must be >= 1, got "
-                       r"0$"):
-        MLAConfig(q_lora_rank=None, kv_lora_rank=0)
-    with pytest.raises(ValueError, match=r"^rms_norm_eps must be > 0"):
-        MLAConfig(q_lora_rank=None, rms_norm_eps=0.0)
-
-
-def test_param_count_message_names_the_missing_fields():
-    from course_lib.mla_config import mla_param_count
-    with pytest.raises(TypeError, match=r"^config must be an MLA configuration"
-                       r" \(MLAConfig or ModelConfig\), got SimpleNamespace "
-                       r"without num_attention_heads, kv_lora_rank, "
-                       r"q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, "
-                       r"v_head_dim, attention_bias$"):
-        mla_param_count(SimpleNamespace(hidden_size=8))
 
 
 # ---- mutation testing (issue 17)

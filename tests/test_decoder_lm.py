@@ -1,0 +1,107 @@
+"""Tests for course_lib.decoder_lm, the decoder-only language model
+(chapter 6).
+
+References: parameter counts in closed form, by building the model, and
+against the published 124,439,808 of GPT-2 small (the count of the Hugging
+Face checkpoint); causality (future tokens never change earlier logits);
+the gradients of tied weights in one tensor; the loss at initialisation
+against log V.
+"""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.decoder_lm import (DecoderLM, DecoderLMConfig,
+                                   decoder_lm_param_count)
+from course_lib.layers import num_parameters
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(123)
+
+
+# ------------------------------------------------------ parameter counts
+def test_gpt2_small_has_124439808_parameters():
+    cfg = DecoderLMConfig.gpt2_small()
+    assert decoder_lm_param_count(cfg) == 124_439_808
+    with torch.device("meta"):                   # no memory, no init cost
+        model = DecoderLM(cfg)
+    assert num_parameters(model) == 124_439_808
+
+
+@pytest.mark.parametrize("kw", [
+    dict(), dict(positions="learned", norm="layer", ffn="gelu", bias=True),
+    dict(n_kv_heads=2, tie_embeddings=False, ffn="relu"),
+    dict(norm="layer", bias=False, d_ff=100)])
+def test_decoder_lm_count_formula(kw):
+    cfg = DecoderLMConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2,
+                          max_len=16, **kw)
+    assert num_parameters(DecoderLM(cfg)) == decoder_lm_param_count(cfg)
+
+
+def test_swiglu_default_width():
+    cfg = DecoderLMConfig(vocab_size=10, d_model=96)
+    assert cfg.d_ff == 256                       # int(8*96/3) = 256
+    assert DecoderLMConfig(vocab_size=10, d_model=96, ffn="gelu").d_ff == 384
+
+
+# ------------------------------------------------------------- tying
+def test_tied_gradients_accumulate_in_one_tensor():
+    lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
+    lm(torch.randint(20, (2, 5))).sum().backward()
+    # gradient from both uses lands in the single shared tensor
+    g = lm.embed_tokens.weight.grad
+    assert g is not None and g.abs().sum() > 0
+    assert len([p for p in lm.parameters() if p.shape == (20, 128)]) == 1
+
+
+# ------------------------------------------------------------- DecoderLM
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_decoder_lm_is_causal(positions):
+    lm = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
+                                   n_layers=2, positions=positions)).eval()
+    idx = torch.randint(30, (2, 10))
+    logits = lm(idx)
+    assert logits.shape == (2, 10, 30)
+    idx2 = idx.clone()
+    idx2[:, 6:] = torch.randint(30, (2, 4))
+    logits2 = lm(idx2)
+    assert torch.allclose(logits[:, :6], logits2[:, :6], atol=1e-5)
+    assert not torch.allclose(logits[:, 6:], logits2[:, 6:], atol=1e-3)
+
+
+def test_decoder_lm_positions_hook():
+    # learned positions: other positions, other logits
+    lm = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
+                                   n_layers=1, positions="learned")).eval()
+    idx = torch.randint(30, (1, 4))
+    a = lm(idx)
+    b = lm(idx, positions=torch.arange(4) + 3)
+    assert not torch.allclose(a, b, atol=1e-4)
+    # RoPE: a global shift of all positions changes nothing (relative)
+    rope = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
+                                     n_layers=2)).eval()
+    assert torch.allclose(rope(idx), rope(idx, torch.arange(4) + 9),
+                          atol=1e-4)
+
+
+def test_decoder_lm_init_gives_uniformish_predictions():
+    cfg = DecoderLMConfig(vocab_size=64)
+    lm = DecoderLM(cfg).eval()
+    idx, target = torch.randint(64, (2, 4, 32))
+    loss = nn.functional.cross_entropy(lm(idx).flatten(0, 1),
+                                       target.flatten())
+    assert abs(loss.item() - math.log(64)) < 0.3
+    # with tying, the logit of the INPUT token stands out at init:
+    # lm_head(norm(E[x])) . E[x] ~ |E[x]| sqrt(D) while others ~ 0
+    copy = nn.functional.cross_entropy(lm(idx).flatten(0, 1), idx.flatten())
+    assert copy < loss - 1
+
+
+def test_decoder_lm_return_aux_empty_for_dense():
+    lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
+    logits, aux = lm.forward_with_aux(torch.randint(20, (1, 3)))
+    assert logits.shape == (1, 3, 20) and aux == []
