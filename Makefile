@@ -9,7 +9,7 @@ BUILD_FLAGS := -W --keep-going
 export PYTHONHASHSEED := 0
 
 .PHONY: help venv vendor book test test-unit test-notebooks test-build \
-        test-browser test-colab screenshots notebooks sync bench mutation \
+        test-browser test-build-and-lane test-colab screenshots notebooks sync bench mutation \
         clean checkpoints zh
 
 help:
@@ -67,19 +67,32 @@ book: $(STAMP) vendor
 	$(BUILD_BOTH)
 	@echo "Book built: $(CURDIR)/_build/html/index.html (Chinese: zh/index.html)"
 
-# The unit tests (one torch thread, one core) run beside the strict build
-# (two single-threaded Sphinx builds); then nbval, then the browser tests,
-# which need the built book. With torch's default two threads the unit
-# tests slowed down badly beside the build (100 s -> 415 s); with one
-# thread they take as long as alone (XX).
+# Two lanes first, one per core: the unit tests (one torch thread; about
+# 145 s), and beside them the strict build (two single-threaded Sphinx
+# builds, about 35 s), then nbval on the chapters that fit in the rest of
+# that time (NB_LANE_SECONDS of their recorded run time, longest first:
+# scripts/notebook_order.py --fill). Then nbval on the other chapters
+# with two workers, then the browser tests, which need the built book.
+# (With torch's default two threads the unit tests slowed down badly
+# beside the build, 100 s -> 415 s; with one thread they take as long as
+# alone.) Measured in a fresh clone: benchmarks/results.md.
+NB_LANE_SECONDS ?= 95
+NB_LANE = $(shell $(PYTHON) scripts/notebook_order.py --fill \
+                    $(NB_LANE_SECONDS) $(wildcard $(NB)))
+NB_REST = $(filter-out $(NB_LANE),$(wildcard $(NB)))
 test: $(STAMP) vendor
 	$(MAKE) --no-print-directory -j2 --output-sync=target \
-	  UNIT_THREADS=1 test-unit test-build
-	$(MAKE) --no-print-directory test-notebooks
+	  UNIT_THREADS=1 test-unit test-build-and-lane
+	$(if $(strip $(NB_REST)),$(MAKE) --no-print-directory test-notebooks \
+	  NB="$(NB_REST)")
 	$(MAKE) --no-print-directory test-browser
 
-# One process: on 2 workers (--dist loadfile) the unit tests took 120 s
-# in a fresh clone, against 91 s in one process (2026-12-02, quiet).
+# (make test's second lane; not for use on its own)
+test-build-and-lane:
+	$(MAKE) --no-print-directory test-build
+	$(if $(strip $(NB_LANE)),$(MAKE) --no-print-directory test-notebooks \
+	  NB="$(NB_LANE)" NB_WORKERS=1)
+
 UNIT_THREADS ?=
 test-unit: $(STAMP)
 	$(if $(UNIT_THREADS),OMP_NUM_THREADS=$(UNIT_THREADS)) \

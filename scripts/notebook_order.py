@@ -10,7 +10,12 @@ run time of each notebook is read from its own stored outputs: the
 follows the chapters as they are, with no list to keep up to date. A
 notebook without timestamps counts as 0 s; ties keep the name order.
 
-Usage: ``python scripts/notebook_order.py book/*.ipynb``
+``--fill SECONDS`` prints instead the notebooks that one worker runs
+beside the unit tests in ``make test`` (while the other core runs them):
+going longest first, each notebook that still fits in SECONDS of recorded
+time. ``make test`` gives the rest to the two workers afterwards.
+
+Usage: ``python scripts/notebook_order.py [--fill SECONDS] book/*.ipynb``
 """
 from __future__ import annotations
 
@@ -36,9 +41,25 @@ def recorded_seconds(path: str) -> float:
     return total
 
 
-def main(paths: list[str]) -> None:
-    print(" ".join(sorted(sorted(paths), key=recorded_seconds,
-                          reverse=True)))
+def longest_first(paths: list[str]) -> list[str]:
+    return sorted(sorted(paths), key=recorded_seconds, reverse=True)
+
+
+def fill(paths: list[str], seconds: float) -> list[str]:
+    """Longest first, the notebooks that fit in ``seconds`` together."""
+    chosen, left = [], seconds
+    for path in longest_first(paths):
+        if recorded_seconds(path) <= left:
+            chosen.append(path)
+            left -= recorded_seconds(path)
+    return chosen
+
+
+def main(args: list[str]) -> None:
+    if args[:1] == ["--fill"]:
+        print(" ".join(fill(args[2:], float(args[1]))))
+    else:
+        print(" ".join(longest_first(args)))
 
 
 if __name__ == "__main__":
