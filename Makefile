@@ -125,11 +125,12 @@ test-build: $(STAMP) vendor
 
 # Needs the book built by test-build; skipped (with the reason) when the
 # machine has no Chromium.
-# Browser tests: 3 workers on 2 cores (447 s in one process against 336 s
-# on 3, 2026-12-01). A page's tests are collected next to each other and
-# share one load of the page per viewport on the worker that runs them
-# together, read-only checks first (tests/browser/conftest.py).
-BROWSER_WORKERS ?= 3
+# Browser tests: 2 workers on 2 cores. A page's tests are collected next
+# to each other and share one load of the page on the worker that runs
+# them together (tests/browser/conftest.py). With one load per page, 2
+# workers beat 3 (fresh clone, quiet, 2026-12-02: 306 s against 333 s);
+# with a load per page and viewport, 3 had beaten 1 (336 s against 447 s).
+BROWSER_WORKERS ?= 2
 test-browser: $(STAMP)
 	$(BIN)/python -m pytest tests/browser -q -m browser -p no:cacheprovider \
 	  -n $(BROWSER_WORKERS)
