@@ -128,8 +128,9 @@ test-build: $(STAMP) vendor
 # Browser tests: 2 workers on 2 cores. A page's tests are collected next
 # to each other and share one load of the page on the worker that runs
 # them together (tests/browser/conftest.py). With one load per page, 2
-# workers beat 3 (fresh clone, quiet, 2026-12-02: 306 s against 333 s);
-# with a load per page and viewport, 3 had beaten 1 (336 s against 447 s).
+# and 3 workers take the same time (fresh clone, 2026-12-02, back to
+# back: 396 s and 389 s); with a load per page and viewport, 3 had beaten
+# 1 (336 s against 447 s).
 BROWSER_WORKERS ?= 2
 test-browser: $(STAMP)
 	$(BIN)/python -m pytest tests/browser -q -m browser -p no:cacheprovider \
