@@ -33,7 +33,8 @@ def _stage_mathjax() -> None:
     target = STATIC / "mathjax"
     if target.exists():
         return
-    staging = STATIC / f"mathjax.{os.getpid()}"
+    # (outside STATIC, which Sphinx copies whole into the site)
+    staging = STATIC.parent / f"mathjax-staging.{os.getpid()}"
     for part in MATHJAX_PARTS:
         src, dst = MATHJAX / part, staging / part
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -41,6 +42,7 @@ def _stage_mathjax() -> None:
             shutil.copytree(src, dst, dirs_exist_ok=True)
         else:
             shutil.copy2(src, dst)
+    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         staging.rename(target)
     except OSError:                 # the other build was first: same files
