@@ -52,7 +52,7 @@ vendor: $(VENDOR)
 # and copied under it, to _build/html/zh/. Both must succeed.
 # (Both took about 50 s one after the other in a fresh clone, 34 s side
 # by side in the working tree; 2026-12-02, quiet.)
-BUILD_BOTH = rm -rf _build/zh _build/html/zh && \
+BUILD_BOTH = mkdir -p _build && rm -rf _build/zh _build/html/zh && \
 	{ $(BIN)/jupyter-book build . $(BUILD_FLAGS) > _build/build-en.log 2>&1 \
 	    & en=$$!; \
 	  $(BIN)/jupyter-book build zh $(BUILD_FLAGS) --path-output _build/zh \
@@ -64,7 +64,6 @@ BUILD_BOTH = rm -rf _build/zh _build/html/zh && \
 	cp -r _build/zh/_build/html _build/html/zh
 
 book: $(STAMP) vendor
-	mkdir -p _build
 	$(BUILD_BOTH)
 	@echo "Book built: $(CURDIR)/_build/html/index.html (Chinese: zh/index.html)"
 
@@ -121,7 +120,6 @@ test-notebooks: $(STAMP)
 
 test-build: $(STAMP) vendor
 	rm -rf _build/html _build/.doctrees
-	mkdir -p _build
 	$(BUILD_BOTH)
 
 # Needs the book built by test-build; skipped (with the reason) when the

@@ -45,6 +45,14 @@ def frames_of(page) -> dict:
     return page.evaluate(FRAMES_JS)
 
 
+def frames_or_skip(page) -> dict:
+    """:func:`frames_of` a page; the test is skipped where it has none."""
+    found = frames_of(page)
+    if not found["frames"]:
+        pytest.skip("no explorer on this page")
+    return found
+
+
 def shown_px(frame: dict) -> float:
     font = OLD_FONT_PX if frame["font"] is None else frame["font"]
     return font * frame["shown"] / frame["natural"]
@@ -52,9 +60,7 @@ def shown_px(frame: dict) -> float:
 
 @pytest.mark.parametrize("rel", CHAPTER_PAGES)
 def test_explorer_text_reads_at_body_size(fresh_page, rel):
-    desktop = frames_of(fresh_page(rel))            # 1280 x 900
-    if not desktop["frames"]:
-        pytest.skip("no explorer on this page")
+    desktop = frames_or_skip(fresh_page(rel))       # 1280 x 900
     problems = []
     for f in desktop["frames"]:
         if f["clipped"]:
@@ -70,9 +76,7 @@ def test_explorer_text_reads_at_body_size(fresh_page, rel):
 
 @pytest.mark.parametrize("rel", CHAPTER_PAGES)
 def test_explorer_frames_fit_and_read_on_a_phone(fresh_phone, rel):
-    phone = frames_of(fresh_phone(rel))             # 390 x 844
-    if not phone["frames"]:
-        pytest.skip("no explorer on this page")
+    phone = frames_or_skip(fresh_phone(rel))        # 390 x 844
     problems = []
     for f in phone["frames"]:
         if f["right"] > phone["inner"] + 0.5:
