@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -83,12 +84,32 @@ def open_page(page, url: str) -> None:
     settle_math(page)
 
 
+# The page's own typesets are recorded as they start: the exercises
+# typeset their feedback when it is shown (course_lib.exercise_base's
+# show()), which MathJax finishes at once unless it must first load a
+# piece of itself. settle_math waits for all of them, no longer.
+SETTLE_MATH_JS = """() => {
+    const mj = window.MathJax;
+    if (!(mj && mj.startup && mj.startup.promise)) return true;
+    return mj.startup.promise.then(() => {
+        if (mj.typesetPromise && !mj.tiPending) {
+            const typeset = mj.typesetPromise;
+            mj.tiPending = [];
+            mj.typesetPromise = function (...args) {
+                const done = typeset.apply(this, args);
+                mj.tiPending.push(done.catch(() => null));
+                return done;
+            };
+        }
+        return Promise.all(mj.tiPending || []);
+    }).then(() => true);
+}"""
+
+
 def settle_math(page) -> None:
-    """Wait until MathJax (if the page has it) has typeset everything."""
-    page.evaluate("""() => (window.MathJax && MathJax.startup &&
-        MathJax.startup.promise) ? MathJax.startup.promise.then(() => true)
-        : true""")
-    page.wait_for_timeout(50)
+    """Wait until MathJax (if the page has it) has typeset everything: the
+    page at load, and every typeset the page started since."""
+    page.evaluate(SETTLE_MATH_JS)
 
 
 @pytest.fixture()
@@ -130,13 +151,14 @@ def site():
 # has been narrowed, the next ``fresh_page`` loads it again; once it has
 # been used, the next ``fresh_page``, ``fresh_phone`` or audit too.
 # ``pytest_collection_modifyitems`` puts a page's tests next to each
-# other in that order (desktop read-only, phone, audit, the rest), so a
-# worker that receives them together (pytest-xdist hands out runs of
-# consecutive tests) loads the page once for all of them; at worst, once
-# per test.
-# (An xdist group would pin a page's tests to one worker, but
-# pytest-xdist 3.8's ``--dist loadgroup`` has no effect under pytest 9: it
-# renames ``item._nodeid``, which pytest 9 no longer reads.)
+# other in that order (desktop read-only, phone, audit, the rest), and
+# under pytest-xdist ``pytest_xdist_make_scheduler`` hands all the tests
+# of one page to one worker, so the page is loaded once for all of them.
+# (pytest-xdist's own ``--dist loadgroup`` has no effect under pytest 9:
+# it renames ``item._nodeid``, which pytest 9 no longer reads. Its
+# default ``load`` hands out runs of consecutive tests to whichever
+# worker is free, and split 10 of the 36 pages between the two workers,
+# which then both loaded them.)
 SHARED_FIXTURES = ("fresh_page", "fresh_phone", "audited_page", "used_page")
 VIEWPORTS = {"desktop": {"width": 1280, "height": 900},
              "phone": {"width": 390, "height": 844}}
@@ -187,6 +209,25 @@ def pytest_collection_modifyitems(config, items):
         keys.append((first[rel], kind, i))
     order = sorted(range(len(items)), key=keys.__getitem__)
     items[:] = [items[i] for i in order]
+
+
+# The page in a test id's parameters, e.g. ``test_x[zh/book/ch05.html]``.
+PAGE_IN_ID = re.compile(r"\[([\w/.-]+\.html)\]$")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist: give each worker whole pages (every test of one
+    page), the largest groups first; the tests of no page go with the
+    other such tests of their module (their module-scoped fixtures)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class PageScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            found = PAGE_IN_ID.search(nodeid)
+            return (found.group(1) if found
+                    else super()._split_scope(nodeid))
+
+    return PageScheduling(config, log)
 
 
 class _PageCache:
