@@ -31,6 +31,7 @@ from torch import nn
 from .masking import causal_mask
 from .mha import MultiHeadAttention
 from .special_tokens import IGNORE
+from .threads import small_ops
 from .training import next_token_loss, train
 from .validation import check_int, check_type
 
@@ -187,6 +188,7 @@ def train_induction(model: TinyAttentionModel, *, steps: int,
 
 
 @torch.no_grad()
+@small_ops()  # forwards of a small model: see course_lib.threads
 def accuracy(model: TinyAttentionModel, inputs: torch.Tensor,
              targets: torch.Tensor, *,
              ablate: tuple[tuple[int, int], ...] = ()) -> float:

@@ -25,7 +25,8 @@ course uses it around its loops of small ops: token-by-token generation
 steps in ``rnn.time_recurrence_vs_attention`` and the one training loop
 of its small models (``training.train``, which chapter 1's
 ``recall.train_recall`` and chapter 5's ``head_analysis.train_induction``
-run on), and chapter 11's ``train_moe``.
+run on), chapter 5's evaluation of its small model
+(``head_analysis.accuracy``) and chapter 11's ``train_moe``.
 
 Introduced in chapter 1.
 """
