@@ -27,6 +27,7 @@ Introduced in chapter 13.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -97,6 +98,56 @@ def dequantize_q4_1_block(raw_bytes) -> torch.Tensor:
     return (d * q.to(torch.float32) + m).to(torch.float32)
 
 
+def _dequantize_q4_1(data: np.ndarray) -> np.ndarray:
+    r"""Every Q4_1 block of a tensor at once: $w_j = d\,q_j + m$ (as
+    :func:`dequantize_q4_1_block`); float32 (n_blocks, 32)."""
+    blocks = data.reshape(-1, Q4_1_BLOCK_BYTES)              # (n, 20) bytes
+    d = blocks[:, 0:2].view(np.float16).astype(np.float32)   # (n, 1)
+    m = blocks[:, 2:4].view(np.float16).astype(np.float32)   # (n, 1)
+    qs = blocks[:, 4:]                                       # (n, 16)
+    w = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+    w *= d                                                   # d q_j
+    w += m                                                   # ... + m
+    return w
+
+
+def _dequantize_q8_0(data: np.ndarray) -> np.ndarray:
+    r"""Every Q8_0 block at once: $w_j = d\,q_j$ with signed 8-bit
+    $q_j$; float32 (n_blocks, 32)."""
+    blocks = data.reshape(-1, 2 + QK)                        # (n, 34) bytes
+    d = blocks[:, 0:2].view(np.float16).astype(np.float32)   # (n, 1)
+    w = blocks[:, 2:].view(np.int8).astype(np.float32)       # (n, 32)
+    w *= d
+    return w
+
+
+_DEQUANTIZE = {"Q4_1": _dequantize_q4_1, "Q8_0": _dequantize_q8_0}
+
+
+@functools.lru_cache(maxsize=1)
+def _plain_reader_class(reader_class: type) -> type:
+    """``reader_class`` (gguf's ``GGUFReader``), reading from a plain
+    ndarray view of its memory map instead of the ``np.memmap`` itself.
+
+    The reader slices the map once per string of the metadata, about a
+    million times for a tokenizer's vocabulary and merges, and each slice
+    of an ``np.memmap`` costs several times that of a plain array (numpy's
+    ``memmap.__array_finalize__``). The view has the same bytes, still
+    mapped from the file and read-only: the same fields and tensors,
+    parsed about three times faster (tested against ``GGUFReader``).
+    """
+    class PlainReader(reader_class):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain = value.view(np.ndarray)   # keeps the map alive
+
+    return PlainReader
+
+
 class GGUFFile:
     """A GGUF file opened with the ``gguf`` package's ``GGUFReader``
     (memory-mapped: tensors are read from disk only when asked for).
@@ -118,7 +169,7 @@ class GGUFFile:
             raise ValueError(f"path must be an existing .gguf file, got "
                              f"{path!r}")
         self.path = os.fspath(path)
-        self.reader = GGUFReader(self.path)
+        self.reader = _plain_reader_class(GGUFReader)(self.path)
         # GGUF.* entries are the header (version, counts), not metadata.
         self.metadata = {k: f.contents() for k, f in self.reader.fields.items()
                          if not k.startswith("GGUF.")}
@@ -145,11 +196,17 @@ class GGUFFile:
         return self._tensor(name).data
 
     def dequantize(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` decoded to float32 by ``gguf.quants.dequantize``,
-        in torch order: (R, C) for a matrix, (C,) for a vector."""
+        """Tensor ``name`` decoded to float32, in torch order: (R, C) for a
+        matrix, (C,) for a vector. Q4_1 and Q8_0 (all this course's file
+        holds besides F32) are decoded block-wise for the whole tensor at
+        once, with the operations of ``gguf.quants.dequantize`` in the
+        same order, so the same bits (tested); it is about three times
+        faster, as it does not loop over groups of 16 rows. Other types
+        go through ``gguf.quants.dequantize``."""
         from gguf.quants import dequantize
         t = self._tensor(name)
-        w = dequantize(t.data, t.tensor_type)           # numpy float32
+        fast = _DEQUANTIZE.get(t.tensor_type.name)
+        w = fast(t.data) if fast else dequantize(t.data, t.tensor_type)
         if not w.flags.writeable:      # F32 tensors: a view of the file
             w = w.copy()
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))

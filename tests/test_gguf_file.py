@@ -138,3 +138,39 @@ def test_weight_bytes(smol):
     n_f32 = n - n_q41 - n_q80
     assert b["stored"] == n_q41 * 20 // 32 + n_q80 * 34 // 32 + 4 * n_f32
     assert b["stored"] < b["bf16"] / 2.5
+
+
+@needs_weights
+def test_reader_parses_what_gguf_reader_parses(smol):
+    # GGUFFile reads through a plain-array view of the memory map (faster
+    # slicing); the fields and tensors must be those of gguf's own reader.
+    ref = gguf.GGUFReader(smol.path)
+    assert list(smol.reader.fields) == list(ref.fields)
+    for key, field in ref.fields.items():
+        assert smol.reader.fields[key].contents() == field.contents(), key
+    assert len(smol.reader.tensors) == len(ref.tensors)
+    for got, want in zip(smol.reader.tensors, ref.tensors):
+        assert (got.name, got.tensor_type, got.n_bytes) == \
+            (want.name, want.tensor_type, want.n_bytes)
+        assert got.shape.tolist() == want.shape.tolist()
+        assert np.array_equal(got.data, want.data), got.name
+        assert not got.data.flags.writeable      # still the read-only file
+
+
+@needs_weights
+def test_dequantize_every_tensor_bitwise_as_gguf_quants(smol):
+    # The whole-tensor Q4_1 / Q8_0 decoders must give the bits of
+    # gguf.quants.dequantize, on every tensor of the file, read by gguf's
+    # own reader.
+    ref = gguf.GGUFReader(smol.path)
+    seen = set()
+    for t in ref.tensors:
+        want = torch.from_numpy(np.array(
+            gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+        got = smol.dequantize(t.name)
+        assert got.dtype == torch.float32
+        assert got.shape == tuple(reversed(t.shape.tolist()))
+        assert torch.equal(got.view(torch.int32),
+                           want.reshape(got.shape).view(torch.int32)), t.name
+        seen.add(t.tensor_type.name)
+    assert seen == {"Q4_1", "Q8_0", "F32"}

@@ -490,11 +490,15 @@ def test_checkpoint_stores_and_restores_the_generator(tmp_path):
     assert torch.equal(torch.get_rng_state(), untouched)
 
 
-def test_chapter7_translation_recipe_resumes_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("first, total", [(6, 12), (10, 20)])
+def test_chapter7_translation_recipe_resumes_bit_for_bit(tmp_path, first,
+                                                         total):
     # Exactly the configuration of chapter 7's stop-and-resume cell: the
     # toy-translation model (post-norm, dropout 0.1), seq2seq_loss, AdamW
-    # with weight decay 0.01, lr 3e-3, 4 warmup steps, cosine over 20
-    # steps, clipping at 1, batches of 64 pairs; 10 + checkpoint + 10.
+    # with weight decay 0.01, lr 3e-3, 4 warmup steps, cosine over 12
+    # steps, clipping at 1, batches of 64 pairs; 6 + checkpoint + 6. Also
+    # 10 + 10 over 20 steps (the cell's earlier length): a longer resumed
+    # piece, more steps in which a difference could appear.
     task = TT.make_translation_task(held_out_fraction=0.2, seed=0)
     recipe = dict(lr=3e-3, warmup_steps=4, schedule="cosine", clip_norm=1.0,
                   loss_fn=TT.seq2seq_loss, progress=False)
@@ -508,18 +512,21 @@ def test_chapter7_translation_recipe_resumes_bit_for_bit(tmp_path):
     straight, opt = session(0)
     h_all = T.train(straight, TT.translation_batches(task, batch_size=64,
                                                      seed=0),
-                    steps=20, optimizer=opt, seed=0, **recipe)
+                    steps=total, optimizer=opt, seed=0, **recipe)
     model, opt = session(0)
     h_1 = T.train(model, TT.translation_batches(task, batch_size=64, seed=0),
-                  steps=10, total_steps=20, optimizer=opt, seed=0, **recipe)
-    T.save_checkpoint(tmp_path / "run.pt", model, opt, 10, data_seed=0)
+                  steps=first, total_steps=total, optimizer=opt, seed=0,
+                  **recipe)
+    T.save_checkpoint(tmp_path / "run.pt", model, opt, first, data_seed=0)
     resumed, opt = session(123)
     meta = T.load_checkpoint(tmp_path / "run.pt", resumed, opt)
     batches = itertools.islice(
         TT.translation_batches(task, batch_size=64, seed=meta["data_seed"]),
         meta["step"], None)
-    h_2 = T.train(resumed, batches, steps=10, start_step=meta["step"],
-                  total_steps=20, optimizer=opt, **recipe)
+    h_2 = T.train(resumed, batches, steps=total - first,
+                  start_step=meta["step"], total_steps=total, optimizer=opt,
+                  **recipe)
+    assert len(h_1.lr + h_2.lr) == total
     assert h_1.lr + h_2.lr == h_all.lr
     assert h_1.loss + h_2.loss == h_all.loss
     for (name, a), b in zip(straight.named_parameters(),
