@@ -140,11 +140,18 @@ def test_weight_bytes(smol):
     assert b["stored"] < b["bf16"] / 2.5
 
 
+@pytest.fixture(scope="module")
+def gguf_reader(smol):
+    """The same file parsed by the ``gguf`` package's own reader (once:
+    a parse takes seconds), the reference for the two tests below."""
+    return gguf.GGUFReader(smol.path)
+
+
 @needs_weights
-def test_reader_parses_what_gguf_reader_parses(smol):
+def test_reader_parses_what_gguf_reader_parses(smol, gguf_reader):
     # GGUFFile reads through a plain-array view of the memory map (faster
     # slicing); the fields and tensors must be those of gguf's own reader.
-    ref = gguf.GGUFReader(smol.path)
+    ref = gguf_reader
     assert list(smol.reader.fields) == list(ref.fields)
     for key, field in ref.fields.items():
         assert smol.reader.fields[key].contents() == field.contents(), key
@@ -158,11 +165,11 @@ def test_reader_parses_what_gguf_reader_parses(smol):
 
 
 @needs_weights
-def test_dequantize_every_tensor_bitwise_as_gguf_quants(smol):
+def test_dequantize_every_tensor_bitwise_as_gguf_quants(smol, gguf_reader):
     # The whole-tensor Q4_1 / Q8_0 decoders must give the bits of
     # gguf.quants.dequantize, on every tensor of the file, read by gguf's
     # own reader.
-    ref = gguf.GGUFReader(smol.path)
+    ref = gguf_reader
     seen = set()
     for t in ref.tensors:
         want = torch.from_numpy(np.array(
