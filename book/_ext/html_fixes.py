@@ -27,6 +27,10 @@
   formula), so that the keyboard can scroll it (axe:
   scrollable-region-focusable). MathJax's own Tab stop on every formula is
   off (``inTabOrder: false`` in ``_config.yml``).
+- Search ranking (``search_scorer.js``, Sphinx's ``html_search_scorer``):
+  a page whose title holds every word of the query comes before pages
+  that only have a section about it (Sphinx put "10. Multi-head latent
+  attention" first for "KV cache", "9. The KV cache" fifth).
 """
 import re
 from pathlib import Path
@@ -34,6 +38,7 @@ from pathlib import Path
 from sphinx.application import Sphinx
 
 STATIC = Path(__file__).resolve().parent / "static"
+SCORER = Path(__file__).resolve().parent / "search_scorer.js"
 # (pattern, replacement) applied to every built page; see the docstring.
 PAGE_FIXES = [
     (re.compile(r'[ \t]*<script defer src="[^"]*_static/scripts/'
@@ -63,6 +68,7 @@ def _dedupe_scripts(app: Sphinx, pagename, templatename, context,
 
 def _add_static(app: Sphinx, config) -> None:
     config.html_static_path.append(str(STATIC))
+    config.html_search_scorer = str(SCORER)
 
 
 def _fix_pages(app: Sphinx, exception) -> None:
