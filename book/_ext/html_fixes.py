@@ -38,7 +38,7 @@ from pathlib import Path
 from sphinx.application import Sphinx
 
 STATIC = Path(__file__).resolve().parent / "static"
-SCORER = Path(__file__).resolve().parent / "search_scorer.js"
+SCORER = STATIC.parent / "search_scorer.js"
 # (pattern, replacement) applied to every built page; see the docstring.
 PAGE_FIXES = [
     (re.compile(r'[ \t]*<script defer src="[^"]*_static/scripts/'
