@@ -104,7 +104,7 @@ test-unit: $(STAMP)
 # in the notebooks), so the last chapter to start is a short one.
 # Each kernel gets one torch thread (OMP_NUM_THREADS=1): two kernels with
 # torch's default two threads each oversubscribe the two cores, and small
-# ops slow down most (course_lib/threads.py). Measured in a fresh clone on
+# ops slow down most (course_lib/_util/threads.py). Measured in a fresh clone on
 # a quiet machine (2026-12-02): 269 s wall and 502 CPU-s with the default
 # threads, 173 s and 304 CPU-s with one; the same 474 cells pass. Readers
 # and `make notebooks` keep torch's default threads.
@@ -149,7 +149,7 @@ test-colab: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/python scripts/run_notebooks.py $(NB)
 
-# After changing a chapter or its translation (course_lib/locale/zh/):
+# After changing a chapter or its translation (course_lib/notebook/locale/zh/):
 # rewrite zh/book/ from the English notebooks and run it (about 7 min).
 zh: $(STAMP)
 	$(BIN)/python scripts/build_zh.py --execute

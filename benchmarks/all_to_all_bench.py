@@ -1,7 +1,7 @@
 """Chapter 14 benchmark: the all-to-all of expert parallelism.
 
-One MoE layer (:class:`course_lib.expert_parallel.ExpertParallelMoE`) on
-2 and 4 local gloo ranks of one :class:`course_lib.parallel_pool.Pool`:
+One MoE layer (:class:`course_lib.distributed.expert_parallel.ExpertParallelMoE`) on
+2 and 4 local gloo ranks of one :class:`course_lib.distributed.launch.Pool`:
 bytes per layer from the counters (all ranks, dispatch plus combine, and
 the part that leaves its rank) against the closed form $2NkDb$, and the
 time spent inside the two all-to-alls per layer (median over forwards of
@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import statistics
 
-from course_lib import scaling_experiments as X
-from course_lib.expert_parallel import all_to_all_bytes
-from course_lib.parallel_pool import Pool
+from course_lib.distributed import scaling_experiments
+from course_lib.distributed.expert_parallel import all_to_all_bytes
+from course_lib.distributed.launch import Pool
 
 N_TOKENS = 1024          # tokens per rank
 D_MODEL = 256
@@ -25,7 +25,7 @@ SIZES = (2, 4)
 
 
 def measure(pool: Pool, size: int) -> dict:
-    res = pool.run(X.expert_parallel_run, size, n_tokens=N_TOKENS,
+    res = pool.run(scaling_experiments.expert_parallel_run, size, n_tokens=N_TOKENS,
                    d_model=D_MODEL, n_experts=N_EXPERTS, top_k=TOP_K,
                    d_expert=D_EXPERT, repeats=REPEATS)
     res = [r for r in res if r]

@@ -9,10 +9,10 @@ import time
 
 import torch
 
-from course_lib.decoding import decode_throughput
-from course_lib.kv_cache import kv_cache_bytes
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.layers import num_parameters
+from course_lib.generation.decoding import decode_throughput
+from course_lib.sizing.kv_cache_size import kv_cache_bytes
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.model.block import num_parameters
 
 PROMPT_LEN = 16
 LENGTHS = (128, 512, 1024)

@@ -1,4 +1,4 @@
-"""Chapter times on a busy machine: quiet vs one core kept busy (issue 17).
+"""Chapter times on a busy machine: quiet vs one core kept busy.
 
 Learners run the chapters on shared Colab machines and busy laptops. With
 torch's default of one intra-op thread per core, a loop of *small* tensor
@@ -44,7 +44,7 @@ from nbclient.exceptions import CellTimeoutError
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "load.md"
 CHAPTER_BUDGET_S = 60.0      # DESIGN.md: each chapter <= 60 s on 2 cores
-LOAD_RATIO_BUDGET = 2.0      # issue 17: <= 2x the quiet time, one core busy
+LOAD_RATIO_BUDGET = 2.0      # a chapter <= 2x its quiet time, one core busy
 DEFAULT_TIMEOUT_S = 600.0    # a run is cut off (and reported as ">") here
 BUSY_LOOP = "while True: pass"
 
@@ -231,7 +231,7 @@ def report(paths: list[Path], results: list[dict[str, Run]], *,
            baseline: Path | None = None) -> tuple[list[str], bool]:
     """The lines of ``load.md`` and whether every chapter is in budget."""
     table, ok = rows(paths, results)
-    lines = ["# Chapter times with one core busy (issue 17)", "",
+    lines = ["# Chapter times with one core busy", "",
              f"Measured {dt.date.today().isoformat()} on "
              f"{platform.machine()}, {os.cpu_count()} CPU cores, Python "
              f"{platform.python_version()} "

@@ -9,10 +9,10 @@ import time
 
 import torch
 
-from course_lib.masking import causal_mask
-from course_lib.kv_cache import LayerKVCache
-from course_lib.mla import MLAConfig, MultiHeadLatentAttention
-from course_lib.timing import best_time
+from course_lib.model.masks import causal_mask
+from course_lib.model.kv_cache import LayerKVCache
+from course_lib.model.mla import MLAConfig, MultiHeadLatentAttention
+from course_lib._util.timing import best_time
 
 CACHE_LENGTHS = (512, 2048)
 REPEATS = 5

@@ -1,6 +1,6 @@
 """Chapter 11 benchmark: an MoE layer vs dense SwiGLU FFNs.
 
-Compares the forward time of an :class:`course_lib.moe.MoE` layer with a
+Compares the forward time of an :class:`course_lib.model.moe.MoE` layer with a
 dense SwiGLU that has the same *total* parameters (hidden width E F) and
 one with the same *active* parameters (hidden width k F). ``rows()``
 returns markdown lines for benchmarks/results.md (the lead wires it into
@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from course_lib.layers import SwiGLU
-from course_lib.moe import MoE
-from course_lib.timing import best_time
+from course_lib.model.block import SwiGLU
+from course_lib.model.moe import MoE
+from course_lib._util.timing import best_time
 
 N_TOKENS = 4096          # one batch of tokens, e.g. 8 sequences x 512
 D_MODEL = 256

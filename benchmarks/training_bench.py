@@ -6,9 +6,9 @@ benchmarks/training_bench.py``.
 """
 from __future__ import annotations
 
-from course_lib.markov import train_synthetic_lm
-from course_lib.translation_task import (greedy_translate,
-                                         train_toy_translation)
+from course_lib.tasks.markov import train_synthetic_lm
+from course_lib.tasks.translation_task import (greedy_translate,
+                                               train_toy_translation)
 
 
 def benchmark_chapter7() -> dict[str, float]:

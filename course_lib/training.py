@@ -23,12 +23,10 @@ constant or follows a half cosine to zero: :func:`lr_multiplier`.
 This is the course's one training loop. Chapter 7 explains it step by
 step; the small experiments of chapters 1 and 5 (recall, induction heads)
 already run on it with a constant rate and no clipping, and the recipes
-of chapter 7 (:mod:`course_lib.markov`, :mod:`course_lib.translation_task`)
+of chapter 7 (:mod:`course_lib.tasks.markov`, :mod:`course_lib.tasks.translation_task`)
 and chapter 11 call it with their settings.
 
 Shape letters: B batch, T length, V vocabulary.
-
-Introduced in chapter 7.
 """
 from __future__ import annotations
 
@@ -42,13 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .special_tokens import IGNORE
-from .threads import small_ops
-from .validation import check_batch, check_int, check_real, check_type
+from ._util.threads import small_ops
+from ._util.validation import check_batch, check_int, check_real, check_type
 
-__all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History",
-           "train", "evaluate", "save_checkpoint", "load_checkpoint",
-           "read_state_file"]
+__all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History", "train", "evaluate", "save_checkpoint", "read_state_file", "load_checkpoint", "IGNORE"]
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int,
@@ -64,8 +59,6 @@ def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int,
         step: $t \ge 0$. warmup_steps: $t_w \ge 0$.
         total_steps: $t_{\max}$, the length of the run (for the cosine).
         schedule: ``"constant"`` or ``"cosine"``.
-
-    Introduced in chapter 7.
     """
     check_int("step", step, minimum=0)
     check_int("warmup_steps", warmup_steps, minimum=0)
@@ -89,8 +82,6 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float = 0.0,
     Decaying a bias or a norm gain towards 0 has no regularising meaning
     (nanoGPT makes the same split). Defaults $\beta = (0.9, 0.98)$,
     $\epsilon = 10^{-9}$ are the paper's (sec. 5.3).
-
-    Introduced in chapter 7.
     """
     check_type("model", model, nn.Module, "a torch.nn.Module")
     check_real("lr", lr, positive=True)
@@ -115,8 +106,6 @@ def next_token_loss(model: nn.Module, batch) -> torch.Tensor:
 
     Returns:
         Scalar loss in nats per counted token.
-
-    Introduced in chapter 7.
     """
     check_batch("batch", batch, ("inputs", "targets"))
     inputs, targets = batch
@@ -141,7 +130,7 @@ class History:
     seconds: float = 0.0             # wall time of the training steps
 
 
-@small_ops()  # steps of small models: see course_lib.threads
+@small_ops()  # steps of small models: see course_lib._util.threads
 def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
           warmup_steps: int = 0, schedule: str = "constant",
           weight_decay: float = 0.0, clip_norm: float | None = 1.0,
@@ -186,8 +175,6 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
 
     Returns:
         A :class:`History`.
-
-    Introduced in chapter 7.
     """
     check_int("steps", steps, minimum=1)
     check_int("eval_every", eval_every, minimum=0)
@@ -208,7 +195,7 @@ def train(model: nn.Module, batches: Iterable, *, steps: int, lr: float,
         # on with the generator state restored from the checkpoint.
         torch.manual_seed(seed)
     history = History()
-    from tqdm.auto import tqdm     # imported here: only train() needs it
+    from tqdm.auto import tqdm  # imported here: only train() needs it
     bar = tqdm(total=steps, disable=not progress, leave=False)
     batch_iter = iter(batches)
     start = time.perf_counter()
@@ -264,8 +251,6 @@ def evaluate(model: nn.Module, eval_fn: Callable[[nn.Module], float]
              ) -> float:
     """Run ``eval_fn(model)`` in eval mode without gradients; restore the
     training mode afterwards.
-
-    Introduced in chapter 7.
     """
     check_type("model", model, nn.Module, "a torch.nn.Module")
     was_training = model.training
@@ -292,8 +277,6 @@ def save_checkpoint(path, model: nn.Module,
     tensors, and lists, tuples and dicts of those; anything else (a NumPy
     scalar, a dataclass, a path) is rejected here rather than saved
     unreadable.
-
-    Introduced in chapter 7.
     """
     check_int("step", step, minimum=0)
     for key, value in extra.items():
@@ -326,8 +309,6 @@ def read_state_file(path, what: str, hint: str = "") -> dict:
     ``weights_only``), or a ``ValueError`` naming ``what`` was expected
     there (``hint``: what to do about it, appended to the message). Used
     by every checkpoint loader of the course.
-
-    Introduced in chapter 7.
     """
     path = Path(path)
     if not path.is_file():
@@ -349,8 +330,6 @@ def load_checkpoint(path, model: nn.Module,
 
     Returns:
         ``{"step": int, **extra}``.
-
-    Introduced in chapter 7.
     """
     state = read_state_file(path, "checkpoint file")
     model.load_state_dict(state["model"])
@@ -362,3 +341,4 @@ def load_checkpoint(path, model: nn.Module,
     if restore_rng and state.get("rng") is not None:
         torch.set_rng_state(state["rng"])
     return {"step": state["step"], **state["extra"]}
+IGNORE = -100                    # a target that no loss counts

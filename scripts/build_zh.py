@@ -1,8 +1,8 @@
-"""Write the Chinese edition's sources from the English book (issue 16).
+"""Write the Chinese edition's sources from the English book.
 
 For every chapter, ``zh/book/<name>.ipynb`` is the English notebook with
 - each markdown cell replaced by its Chinese translation
-  (``course_lib/locale/zh/<name>.json``, see ``zh_translations.py``);
+  (``course_lib/notebook/locale/zh/<name>.json``, see ``zh_translations.py``);
 - one cell added after the Colab setup cell, ``set_language("zh")``,
   which makes the exercises and explorers speak Chinese (tagged
   ``zh-language`` and, like the setup cell, ``remove-cell``);
@@ -45,7 +45,7 @@ import zh_translations as zt  # noqa: E402
 
 OUT = ROOT / "zh" / "book"
 LANGUAGE_CELL = ("# 中文版：练习和交互式图表使用中文。\n"
-                 "from course_lib.i18n import set_language\n\n"
+                 "from course_lib.notebook.i18n import set_language\n\n"
                  "set_language(\"zh\")")
 # CJK characters and full-width punctuation on both sides of a newline
 _CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"

@@ -1,6 +1,6 @@
 """Train the committed character model: `make checkpoints`.
 
-Trains course_lib.char_lm's model with its TRAIN_SETTINGS (seeded; the
+Trains course_lib.tasks.char_lm's model with its TRAIN_SETTINGS (seeded; the
 training loop runs on one torch thread, so the result is deterministic on
 a given CPU and torch build), evaluates its validation bits per character
 on the whole validation text, in float32 and after rounding the weights
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from course_lib import char_lm
-from course_lib.text_corpus import CharVocab, load_pydoc_corpus
+from course_lib.tasks import char_lm
+from course_lib.tasks.text_corpus import CharVocab, load_pydoc_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results.md"

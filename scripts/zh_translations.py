@@ -1,6 +1,6 @@
-"""Chinese (zh-CN) translations of the chapters' markdown cells (issue 16).
+"""Chinese (zh-CN) translations of the chapters' markdown cells.
 
-English is the source. ``course_lib/locale/zh/<notebook stem>.json``
+English is the source. ``course_lib/notebook/locale/zh/<notebook stem>.json``
 holds, for each markdown cell of ``book/<notebook stem>.ipynb`` (by cell
 id), the English text it translates, a hash of that text and the Chinese
 text; and the other reader-facing strings, keyed by the English string:
@@ -58,7 +58,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
-ZH = ROOT / "course_lib" / "locale" / "zh"
+ZH = ROOT / "course_lib" / "notebook" / "locale" / "zh"
 
 
 def sha(text: str) -> str:

@@ -30,7 +30,8 @@ def fake_clock(monkeypatch):
     """Replace ``time`` in every course_lib module that reads the clock:
     ``timing`` (``best_time``, which every measurement uses, e.g.
     ``decoding.decode_throughput``) and ``training``."""
-    from course_lib import timing, training
+    from course_lib._util import timing
+    from course_lib import training
     clock = FakeClock()
     for module in (timing, training):
         monkeypatch.setattr(module, "time", clock)
@@ -39,10 +40,10 @@ def fake_clock(monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """(model, tokenizer) from course_lib.pretrained.load_smollm2()."""
+    """(model, tokenizer) from course_lib.pretrained.smollm2.load_smollm2()."""
     if not HAVE_WEIGHTS:
         pytest.skip(SKIP_REASON)
-    from course_lib.pretrained import load_smollm2
+    from course_lib.pretrained.smollm2 import load_smollm2
     return load_smollm2()
 
 
@@ -55,7 +56,7 @@ def hf_smollm2():
         pytest.skip(SKIP_REASON)
     import os
 
-    from course_lib.pretrained import smollm2_path
+    from course_lib.pretrained.smollm2 import smollm2_path
     path = smollm2_path()
     folder, name = os.path.dirname(path), os.path.basename(path)
     with pytest.MonkeyPatch.context() as mp:
@@ -100,8 +101,8 @@ def parallel_layers():
     (``parallel_checks.check_parallel_layers``) run once per world size W
     on W spawned processes, shared by the tensor- and expert-parallel
     tests (process start-up is paid once per W)."""
-    from course_lib.parallel import run
-    from course_lib.parallel_checks import check_parallel_layers
+    from course_lib.distributed.launch import run
+    from workers import check_parallel_layers
     cache = {}
 
     def get(world_size):

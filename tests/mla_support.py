@@ -1,6 +1,6 @@
 """The small MLA configuration shared by the tests of the layer
 (test_mla.py) and of its configuration (test_mla_config.py)."""
-from course_lib.mla_config import MLAConfig
+from course_lib.model.mla import MLAConfig
 
 
 def tiny(**kw) -> MLAConfig:

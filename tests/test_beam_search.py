@@ -1,4 +1,4 @@
-"""Tests for course_lib.beam_search (chapter 8): beam search against greedy
+"""Tests for course_lib.generation.beam_search (chapter 8): beam search against greedy
 decoding and against a brute-force search over every continuation."""
 import itertools
 import math
@@ -6,9 +6,10 @@ import math
 import pytest
 import torch
 
-from course_lib import sampling as S
-from course_lib.beam_search import Beam, beam_search, length_penalty_factor
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.generation import beam_search, sampling
+from course_lib.generation.beam_search import (Beam, beam_search,
+                                               length_penalty_factor)
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
 
 
 def tiny_lm(vocab_size: int, seed: int) -> DecoderLM:
@@ -52,7 +53,7 @@ def brute_force(model, prompt, n, *, eos_id=None, alpha=0.0):
             continue
         ids = torch.cat([prompt.expand(len(tails), -1),
                          torch.tensor(tails)], dim=1)        # (N, T)
-        lps = S.sequence_log_prob(model, ids, prompt_len=len(prompt))
+        lps = sampling.sequence_log_prob(model, ids, prompt_len=len(prompt))
         for tail, lp in zip(tails, lps.tolist()):
             score = lp / ((5 + length) / 6) ** alpha
             if best is None or score > best[2] + 1e-12:
@@ -64,10 +65,10 @@ def brute_force(model, prompt, n, *, eos_id=None, alpha=0.0):
 def test_width_one_is_greedy(seed):
     model = tiny_lm(7, seed)
     prompt = torch.tensor([1, 4, 2])
-    greedy = S.generate(model, prompt, 12, temperature=0)
+    greedy = sampling.generate(model, prompt, 12, temperature=0)
     (beam,) = beam_search(model, prompt, beam_width=1, max_new_tokens=12)
     assert torch.equal(beam.ids, greedy)
-    lp = S.sequence_log_prob(model, greedy, prompt_len=3).item()
+    lp = sampling.sequence_log_prob(model, greedy, prompt_len=3).item()
     assert beam.log_prob == pytest.approx(lp, abs=1e-5)
 
 
@@ -85,7 +86,7 @@ def test_full_width_equals_exhaustive_search(seed):
     scores = [b.score for b in beams]
     assert scores == sorted(scores, reverse=True)
     for b in beams[:5]:
-        ref = S.sequence_log_prob(model, b.ids, prompt_len=2).item()
+        ref = sampling.sequence_log_prob(model, b.ids, prompt_len=2).item()
         assert b.log_prob == pytest.approx(ref, abs=1e-5)
 
 
@@ -164,8 +165,6 @@ def test_result_types_and_restored_mode():
     assert len(beams) == 3 and all(isinstance(b, Beam) for b in beams)
     assert all(b.ids.shape == (6,) and b.ids.dtype == torch.long
                for b in beams)
-    # importable from course_lib.sampling, as chapters use it
-    assert S.beam_search is beam_search
 
 
 @pytest.mark.parametrize("kwargs, match", [

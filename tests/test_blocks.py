@@ -1,4 +1,4 @@
-"""Tests for course_lib.blocks (chapter 6).
+"""Tests for course_lib.model.block (chapter 6).
 
 References: torch.nn.TransformerEncoderLayer / TransformerDecoderLayer
 (post-norm, ReLU, batch_first) with copied weights in eval mode; the
@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.masking import causal_mask, padding_mask
-from course_lib.blocks import DecoderBlock, DecoderLayer, EncoderLayer
-from course_lib.layers import FeedForward, RMSNorm, SwiGLU
-from course_lib.mha import MultiHeadAttention
+from course_lib.model.masks import causal_mask, padding_mask
+from course_lib.model.block import DecoderBlock
+from course_lib.model.transformer import DecoderLayer, EncoderLayer
+from course_lib.model.block import FeedForward, RMSNorm, SwiGLU
+from course_lib.model.mha import MultiHeadAttention
 
 ATOL = 1e-5
 

@@ -1,4 +1,4 @@
-"""Tests for course_lib.bpe (chapter 13), the pure-Python byte-level BPE.
+"""Tests for course_lib.pretrained.bpe (chapter 13), the pure-Python byte-level BPE.
 
 References: a merge list worked by hand (closed form); tokenizers' own
 pre-tokenizers (Digits + ByteLevel) for the word splitting and its
@@ -8,7 +8,7 @@ BPE) for the ids on the test corpus.
 import pytest
 
 from smollm2_support import needs_weights
-from course_lib.bpe import BPE, bytes_to_unicode, pretokenize
+from course_lib.pretrained.bpe import BPE, bytes_to_unicode, pretokenize
 from test_tokenizer import CORPUS
 
 
@@ -77,8 +77,8 @@ def test_bad_input():
 
 @pytest.fixture(scope="module")
 def both():
-    from course_lib.pretrained import open_smollm2
-    from course_lib.tokenizer import ByteLevelBPETokenizer
+    from course_lib.pretrained.smollm2 import open_smollm2
+    from course_lib.pretrained.tokenizer import ByteLevelBPETokenizer
     md = open_smollm2().metadata
     fast = ByteLevelBPETokenizer.from_gguf(md)
     slow = BPE(md["tokenizer.ggml.tokens"], md["tokenizer.ggml.merges"],

@@ -10,8 +10,8 @@ answers do not. Chapter 11's DeepSeek-V3 gates so far.
 import pytest
 import torch
 
-from course_lib.function_exercise import FunctionExercise
-from course_lib.routing import DeepSeekV3Router, group_limited_mask
+from course_lib.notebook.function_exercise import FunctionExercise
+from course_lib.model.routing import DeepSeekV3Router, group_limited_mask
 
 from notebook_support import exercise_cell
 

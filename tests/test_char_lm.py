@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import char_lm as CL
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.text_corpus import CharVocab, load_pydoc_corpus
+from course_lib.tasks import char_lm
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.tasks.text_corpus import CharVocab, load_pydoc_corpus
 
 
 def tiny_model():
@@ -20,7 +20,7 @@ def test_bits_per_char_within_one_window_is_the_mean_cross_entropy():
     model = tiny_model()
     ids = torch.randint(0, 7, (9,), generator=torch.Generator().manual_seed(1))
     nats = F.cross_entropy(model(ids[None, :-1])[0], ids[1:]).item()
-    assert CL.bits_per_char(model, ids, context=8) == pytest.approx(
+    assert char_lm.bits_per_char(model, ids, context=8) == pytest.approx(
         nats / math.log(2), rel=1e-6)
 
 
@@ -37,12 +37,12 @@ def test_bits_per_char_equals_a_loop_over_targets(n):
         assert context // 2 <= t - begin <= context or begin == 0
         logits = model(ids[None, begin:t])[0, -1]
         total -= F.log_softmax(logits, -1)[ids[t]].item()
-    got = CL.bits_per_char(model, ids, context=context)
+    got = char_lm.bits_per_char(model, ids, context=context)
     assert got == pytest.approx(total / (n - 1) / math.log(2), rel=1e-5)
     if n > 3:                       # score only t >= 3, same contexts
         first = sum(-F.log_softmax(model(ids[None, :t])[0, -1], -1)[ids[t]]
                     .item() for t in (1, 2))
-        got = CL.bits_per_char(model, ids, context=context, start=3)
+        got = char_lm.bits_per_char(model, ids, context=context, start=3)
         assert got == pytest.approx((total - first) / (n - 3) / math.log(2),
                                     rel=1e-5)
 
@@ -50,25 +50,25 @@ def test_bits_per_char_equals_a_loop_over_targets(n):
 def test_bits_per_char_errors_and_mode():
     model = tiny_model().train()
     with pytest.raises(ValueError, match="at least 2 ids"):
-        CL.bits_per_char(model, torch.tensor([1]), context=4)
+        char_lm.bits_per_char(model, torch.tensor([1]), context=4)
     with pytest.raises(ValueError, match="context must be >= 2"):
-        CL.bits_per_char(model, torch.tensor([1, 2]), context=1)
+        char_lm.bits_per_char(model, torch.tensor([1, 2]), context=1)
     with pytest.raises(ValueError, match="start must be < len"):
-        CL.bits_per_char(model, torch.tensor([1, 2]), context=4, start=2)
-    CL.bits_per_char(model, torch.tensor([1, 2, 3]), context=4)
+        char_lm.bits_per_char(model, torch.tensor([1, 2]), context=4, start=2)
+    char_lm.bits_per_char(model, torch.tensor([1, 2, 3]), context=4)
     assert model.training                               # mode restored
 
 
 def test_committed_checkpoint_loads_and_matches_its_metadata():
-    assert CL.CHECKPOINT_PATH.is_file()
-    assert CL.CHECKPOINT_PATH.stat().st_size <= 5_000_000
-    model, vocab = CL.load_char_lm()
-    info = CL.load_char_lm_info()
+    assert char_lm.CHECKPOINT_PATH.is_file()
+    assert char_lm.CHECKPOINT_PATH.stat().st_size <= 5_000_000
+    model, vocab = char_lm.load_char_lm()
+    info = char_lm.load_char_lm_info()
     assert not model.training and isinstance(vocab, CharVocab)
     assert vocab.size == model.config.vocab_size == 96
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert model.lm_head.weight is model.embed_tokens.weight
-    assert info["config"] == CL.MODEL_CONFIG
+    assert info["config"] == char_lm.MODEL_CONFIG
     assert info["parameters"] == sum(p.numel() for p in model.parameters())
     for key in ("steps", "train_seconds", "load_average_start",
                 "python_version", "val_bits_per_char"):
@@ -76,23 +76,23 @@ def test_committed_checkpoint_loads_and_matches_its_metadata():
     # the recorded validation bits/char is a fresh evaluation's
     corpus = load_pydoc_corpus()
     if corpus.python_version == info["python_version"]:
-        fresh = CL.bits_per_char(model, vocab.encode(corpus.val),
+        fresh = char_lm.bits_per_char(model, vocab.encode(corpus.val),
                                  context=model.config.max_len)
         assert fresh == pytest.approx(info["val_bits_per_char"], abs=2e-4)
 
 
 def test_save_and_load_round_trip(tmp_path):
     torch.manual_seed(0)
-    model = DecoderLM(CL.char_lm_config(d_model=32, n_heads=2, n_layers=1))
+    model = DecoderLM(char_lm.char_lm_config(d_model=32, n_heads=2, n_layers=1))
     path = tmp_path / "m.pt"
-    CL.save_char_lm(path, model, {"steps": 0})
-    loaded, _ = CL.load_char_lm(path)
-    assert CL.load_char_lm_info(path)["steps"] == 0
+    char_lm.save_char_lm(path, model, {"steps": 0})
+    loaded, _ = char_lm.load_char_lm(path)
+    assert char_lm.load_char_lm_info(path)["steps"] == 0
     for (name, a), b in zip(model.state_dict().items(),
                             loaded.state_dict().values()):
         assert torch.equal(a.half().float(), b), name    # float16 storage
     with pytest.raises(ValueError, match="make checkpoints"):
-        CL.load_char_lm(tmp_path / "missing.pt")
+        char_lm.load_char_lm(tmp_path / "missing.pt")
 
 
 @pytest.mark.parametrize("V,eps", [(96, 0.1), (16, 0.1), (5, 0.3)])

@@ -25,7 +25,7 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
-# The Chinese edition (issue 16): each chapter once, with ipywidgets 8.
+# The Chinese edition: each chapter once, with ipywidgets 8.
 ZH_NOTEBOOKS = sorted((ROOT / "zh" / "book").glob("*.ipynb"))
 CASES = [(nb, rt) for nb in NOTEBOOKS for rt in ("ipywidgets7",
                                                  "ipywidgets8")] + \
@@ -47,8 +47,8 @@ pytestmark = pytest.mark.colab
 # explorer the chapter displayed (IPython keeps them in ``Out``), with the
 # runtime's own ipywidgets version.
 DRIVE_WIDGETS = """
-from course_lib.exercises import Exercise
-from course_lib.widgets import Explorer
+from course_lib.notebook.exercises import Exercise
+from course_lib.notebook.widgets import Explorer
 driven = 0
 for obj in list(Out.values()):
     if isinstance(obj, Exercise):
@@ -69,7 +69,7 @@ for obj in list(Out.values()):
                     else values[0]
                 assert obj.image.value != before, obj
         driven += 1
-from course_lib.i18n import get_language, tr
+from course_lib.notebook.i18n import get_language, tr
 print("widgets driven:", driven, "language:", get_language(),
       "button:", tr("Check"))
 """

@@ -1,4 +1,4 @@
-"""Chapter 14: the collectives (course_lib.collectives) on one process;
+"""Chapter 14: the collectives (course_lib.distributed.collectives) on one process;
 their distributed behaviour is tested through the parallel layers
 (tests/test_tensor_parallel.py, tests/test_expert_parallel.py).
 """
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib import collectives
-from course_lib.collectives import all_to_all
+from course_lib.distributed import collectives
+from course_lib.distributed.collectives import all_to_all
 
 
 def test_collectives_are_identities_on_one_process():

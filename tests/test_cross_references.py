@@ -2,7 +2,7 @@
 
 Jupyter Book numbers sections when it builds the book, so a number typed
 into the prose ("see section 2.7", "§5.5") goes stale as soon as a
-section is added or moved; the reviews found several that already had.
+section is added or moved; several in this book already had.
 A reference written as {ref}`label` is resolved, and checked, by the
 strict build. This test fails on any hard-coded section number in a
 chapter's markdown or in the strings of its code cells (exercise

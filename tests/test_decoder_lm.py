@@ -1,4 +1,4 @@
-"""Tests for course_lib.decoder_lm, the decoder-only language model
+"""Tests for course_lib.model.decoder_lm, the decoder-only language model
 (chapter 6).
 
 References: parameter counts in closed form, by building the model, and
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.decoder_lm import (DecoderLM, DecoderLMConfig,
-                                   decoder_lm_param_count)
-from course_lib.layers import num_parameters
+from course_lib.model.decoder_lm import (DecoderLM, DecoderLMConfig,
+                                         decoder_lm_param_count)
+from course_lib.model.block import num_parameters
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Tests for course_lib.decoding (chapter 9): generation with a KV cache
+"""Tests for course_lib.generation.decoding (chapter 9): generation with a KV cache
 (prefill once, then one token a call), its throughput, and the FLOPs and
 bytes of a forward call.
 
@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib import decoding, sampling
-from course_lib.decoder_lm import DecoderLMConfig
-from course_lib.decoding import generate, prefill
-from course_lib.kv_cache import KVCache, kv_cache_bytes
+from course_lib.generation import decoding, sampling
+from course_lib.model.decoder_lm import DecoderLMConfig
+from course_lib.generation.decoding import generate, prefill
+from course_lib.model.kv_cache import KVCache
+from course_lib.sizing.kv_cache_size import kv_cache_bytes
 from tiny_lm_support import MODELS, tiny_lm
 
 
@@ -187,7 +188,7 @@ def test_generate_bad_input():
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_k=0),
                                  dict(top_p=1.5)])
 def test_generate_rejects_bad_settings_before_touching_the_cache(bad):
-    # Probe finding 7: the prompt was prefilled into the caller's cache
+    # The prompt was prefilled into the caller's cache
     # before temperature/top_k/top_p were checked, corrupting a prefix
     # cache kept for reuse; with max_new_tokens=0 they were not checked.
     lm = tiny_lm()
@@ -284,7 +285,7 @@ def test_forward_cost_prefill_vs_decode_intensity():
     assert pre["intensity"] > 500
     # 2 FLOPs per weight used in a matmul (all but the input embedding
     # and the norms), plus the scores and the weighted sum over S = 1001
-    from course_lib.decoder_lm import decoder_lm_param_count
+    from course_lib.model.decoder_lm import decoder_lm_param_count
     n_matmul = decoder_lm_param_count(llama) - 32000 * 4096 - 65 * 4096
     assert decode["flops"] == 2 * n_matmul + 4 * 1001 * 4096 * 32
     batch = decoding.forward_cost(llama, new_tokens=1, cached_tokens=1000,
@@ -298,7 +299,7 @@ def test_forward_cost_prefill_vs_decode_intensity():
 
 
 # ============================== mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.decoding survived the ones
+# Tests added because a mutant of course_lib.generation.decoding survived the ones
 # above.
 class IdClock(torch.nn.Module):
     """A stand-in language model for decode_throughput: records the ids of

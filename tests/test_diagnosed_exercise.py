@@ -1,5 +1,5 @@
 """Write-a-function exercises that name the usual mistakes: the class
-(:mod:`course_lib.diagnosed_exercise`) and the exercises of chapters 6
+(:mod:`course_lib.notebook.function_exercise`) and the exercises of chapters 6
 (RMSNorm) and 7 (bits per token from logits), read from the notebooks as
 ``tests/test_chapter_exercises.py`` reads chapter 11's.
 
@@ -15,9 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import layers as Ly
-from course_lib import special_tokens as ST
-from course_lib.diagnosed_exercise import DiagnosedFunctionExercise
+from course_lib.model import block
+from course_lib import training
+from course_lib import training
+from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
 from notebook_support import exercise_cell
 
@@ -91,7 +92,7 @@ def test_mistakes_are_validated(bad):
 @pytest.fixture(scope="module")
 def bits():
     return load_exercise("ch07_training.ipynb", "ch07-bits-per-token",
-                         {"ST": ST})
+                         {"training": training})
 
 
 def loop_bits(logits, targets):
@@ -99,7 +100,7 @@ def loop_bits(logits, targets):
     total, n = 0.0, 0
     for row_z, row_y in zip(logits.tolist(), targets.tolist()):
         for z, y in zip(row_z, row_y):
-            if y == ST.IGNORE:
+            if y == training.IGNORE:
                 continue
             top = max(z)
             lse = top + math.log(sum(math.exp(v - top) for v in z))
@@ -117,8 +118,8 @@ def test_bits_reference_equals_a_loop(bits):
     # the cases cover what the mistakes need: ignored targets, a fully
     # ignored row, logits beyond float32's exp range
     ys = [t for (_, t), _ in ex.cases]
-    assert any((y == ST.IGNORE).any() for y in ys)
-    assert any((y == ST.IGNORE).all(-1).any() for y in ys)
+    assert any((y == training.IGNORE).any() for y in ys)
+    assert any((y == training.IGNORE).all(-1).any() for y in ys)
     assert any(z.abs().max() > 100 for (z, _), _ in ex.cases)
 
 
@@ -193,7 +194,7 @@ def test_bits_broken_code_gets_feedback(bits, body, needle):
 @pytest.fixture(scope="module")
 def rms():
     return load_exercise("ch06_transformer_block.ipynb", "ch06-rms-norm",
-                         {"Ly": Ly})
+                         {"block": block})
 
 
 def test_rms_reference_equals_torch(rms):

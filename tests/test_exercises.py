@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.exercises import (ChoiceExercise, Feedback, NumericExercise,
-                                  parse_number)
-from course_lib.function_exercise import FunctionExercise, compare_values
+from course_lib.notebook.exercises import (ChoiceExercise, Feedback,
+                                           NumericExercise, parse_number)
+from course_lib.notebook.function_exercise import (FunctionExercise,
+                                                   compare_values)
 
 
 def numeric():
@@ -352,7 +353,7 @@ def _python_parse(text):
     ("1,234.5", 1234.5), ("1,500", 1500.0), ("0,500", 0.5),
     ("1_000", None), ("١٢", None), ("１２", None), ("1,2,3", None)])
 def test_decimal_commas_and_thousands_are_read_as_meant(text, value):
-    # Probe finding 12: every comma was deleted, so 0,6652 became 6652.
+    # The parser deleted every comma, so 0,6652 became 6652.
     assert _python_parse(text) == value
 
 
@@ -391,7 +392,7 @@ def test_a_huge_answer_is_not_echoed_back():
 
 
 def test_odd_numbers_given_directly_are_feedback_not_errors():
-    # Probe: check() raised OverflowError for 10**400 and RuntimeError for
+    # check() raised OverflowError for 10**400 and RuntimeError for
     # a meta tensor; NumericExercise(rtol=nan) marked every answer wrong.
     ex = numeric()
     assert "too large" in ex.check(10 ** 400).message
@@ -403,7 +404,7 @@ def test_odd_numbers_given_directly_are_feedback_not_errors():
 
 
 def test_static_html_renders_markdown_everywhere():
-    # issue 13: options, feedback and prompts showed raw $..$ and *word*
+    # Options, feedback and prompts showed raw $..$ and *word*
     ch = ChoiceExercise(key="t-md", prompt="Pick *one*.",
                         options=["It is $b_i$.", "plain"], answer=1,
                         hint="*Think*.", solution="s",

@@ -1,4 +1,4 @@
-"""Chapter 14: expert parallelism (course_lib.expert_parallel), and its
+"""Chapter 14: expert parallelism (course_lib.distributed.expert_parallel), and its
 cross-node byte counter.
 
 The distributed comparisons run in ``parallel_checks.check_expert_parallel``
@@ -9,11 +9,11 @@ byte counters against the closed form.
 import pytest
 import torch
 
-from course_lib.expert_parallel import (ExpertParallelMoE,
-                                        ExpertParallelStats,
-                                        all_to_all_bytes)
-from course_lib.moe import MoE
-from course_lib.parallel_checks import _moe
+from course_lib.distributed.expert_parallel import (ExpertParallelMoE,
+                                                    ExpertParallelStats,
+                                                    all_to_all_bytes)
+from course_lib.model.moe import MoE
+from workers import _moe
 
 TOL = 1e-5
 CASES = ["topk_shared0", "topk_shared1", "deepseek_v3_shared0",

@@ -1,11 +1,10 @@
 """Learner code that loops, sleeps, exits or is interrupted (chapter 1's
 function exercises, used in chapters 1-5, 8 and 11).
 
-The bad-input probe (shared/reviews/2026-12-bad-input-probe.md, findings 1
-and 2) killed a real kernel with ``sys.exit()`` and hung it with an endless
-loop. These tests run the same submissions through ``check``, through the
-widget's Check button, and in a real Jupyter kernel, whose survival is the
-property that matters.
+A submission calling ``sys.exit()`` once killed a real kernel, and one with
+an endless loop hung it. These tests run such submissions through
+``check``, through the widget's Check button, and in a real Jupyter kernel,
+whose survival is the property that matters.
 """
 import signal
 import textwrap
@@ -13,8 +12,8 @@ import time
 
 import pytest
 
-from course_lib.function_exercise import (FunctionExercise, LearnerTimeout,
-                                          time_limit)
+from course_lib.notebook.function_exercise import (FunctionExercise,
+                                                   LearnerTimeout, time_limit)
 
 
 def square_exercise(limit=0.5):
@@ -96,7 +95,7 @@ def test_a_real_kernel_survives_exit_and_loops():
             return reply["content"]["status"], "".join(out)
 
         status, _ = run("""
-            from course_lib.function_exercise import FunctionExercise
+            from course_lib.notebook.function_exercise import FunctionExercise
             ex = FunctionExercise(
                 key="k-square", prompt="p", func_name="square",
                 starter_code="", reference=lambda x: x * x,

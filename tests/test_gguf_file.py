@@ -1,4 +1,4 @@
-"""Tests for course_lib.gguf_file (chapter 13).
+"""Tests for course_lib.pretrained.gguf_file (chapter 13).
 
 References: the gguf library (its GGUFReader and gguf.quants.dequantize)
 for the hand-written Q4_1 block decoder, on real blocks of the SmolLM2
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from smollm2_support import needs_weights
-from course_lib.gguf_file import (Q4_1_BLOCK_BYTES, QK, GGUFFile,
-                                  dequantize_q4_1_block)
+from course_lib.pretrained.gguf_file import (Q4_1_BLOCK_BYTES, QK, GGUFFile,
+                                             dequantize_q4_1_block)
 
 gguf = pytest.importorskip("gguf")
 
@@ -62,7 +62,7 @@ def test_bad_path():
 # ------------------------------------------------------ the real file
 @pytest.fixture(scope="module")
 def smol():
-    from course_lib.pretrained import open_smollm2
+    from course_lib.pretrained.smollm2 import open_smollm2
     return open_smollm2()
 
 

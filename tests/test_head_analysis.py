@@ -1,4 +1,4 @@
-"""Tests for course_lib.head_analysis (chapter 5).
+"""Tests for course_lib.experiments.head_analysis (chapter 5).
 
 References used: python loops over positions for the data and the head
 scores, hand-built attention patterns whose scores are known, a manual
@@ -7,13 +7,14 @@ ablation (zeroed o_proj columns) and exact equality of tied heads.
 import pytest
 import torch
 
-from course_lib.head_analysis import (BOS, TinyAttentionModel,
-                                      accuracy, copy_head, head_distance,
-                                      head_scores, induction_batch,
-                                      train_induction)
-from course_lib.mha import MultiHeadAttention
-from course_lib.special_tokens import IGNORE
-from course_lib.threads import small_ops
+from course_lib.experiments.head_analysis import (BOS, TinyAttentionModel,
+                                                  accuracy, copy_head,
+                                                  head_distance, head_scores,
+                                                  induction_batch,
+                                                  train_induction)
+from course_lib.model.mha import MultiHeadAttention
+from course_lib.training import IGNORE
+from course_lib._util.threads import small_ops
 
 
 @pytest.fixture(autouse=True)
@@ -232,7 +233,7 @@ def test_copy_head_bad_arguments():
 
 
 def test_ablating_a_head_that_does_not_exist_is_an_error():
-    # Probe finding 11: head >= n_heads ablated an empty slice, i.e.
+    # A head index >= n_heads ablated an empty slice, i.e.
     # nothing, and reported the intact model's accuracy as the ablated one.
     model = tiny(n_heads=2)
     x, y = induction_batch(4, generator=torch.Generator().manual_seed(0))

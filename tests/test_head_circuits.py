@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from course_lib import head_circuits as HC
-from course_lib.masking import causal_mask
-from course_lib.mha import MultiHeadAttention
-from course_lib.positional import RotaryEmbedding
+from course_lib.experiments import head_circuits
+from course_lib.model.masks import causal_mask
+from course_lib.model.mha import MultiHeadAttention
+from course_lib.model.rope import RotaryEmbedding
 
 
 @pytest.mark.parametrize("n_kv_heads,bias", [(None, True), (None, False),
@@ -18,13 +18,13 @@ def test_sum_of_circuit_outputs_is_the_layer(n_kv_heads, bias):
     mha = MultiHeadAttention(16, 4, n_kv_heads=n_kv_heads, bias=bias)
     x = torch.randn(2, 5, 16)
     for mask in (None, causal_mask(5)):
-        out = sum(HC.circuit_output(mha, x, i, mask)[0] for i in range(4))
+        out = sum(head_circuits.circuit_output(mha, x, i, mask)[0] for i in range(4))
         if bias:
             out = out + mha.o_proj.bias
         ref, w = mha.forward_with_weights(x, mask=mask)
         assert torch.allclose(out, ref, atol=1e-5)
         for i in range(4):
-            assert torch.allclose(HC.circuit_output(mha, x, i, mask)[1],
+            assert torch.allclose(head_circuits.circuit_output(mha, x, i, mask)[1],
                                   w[:, i], atol=1e-6)
 
 
@@ -43,7 +43,7 @@ def test_circuits_equal_hand_computation():
         write = mha.o_proj.weight[:, rows] @ v               # (D,)
         x1_t, x1_j = torch.cat([x_t, torch.ones(1)]), \
             torch.cat([x_j, torch.ones(1)])
-        qk, ov = HC.qk_circuit(mha, i), HC.ov_circuit(mha, i)
+        qk, ov = head_circuits.qk_circuit(mha, i), head_circuits.ov_circuit(mha, i)
         assert qk.shape == (D + 1, D + 1) and ov.shape == (D + 1, D)
         assert (x1_t @ qk @ x1_j).item() == pytest.approx(score, abs=1e-5)
         assert torch.allclose(x1_j @ ov, write, atol=1e-5)
@@ -52,16 +52,16 @@ def test_circuits_equal_hand_computation():
 def test_ranks_are_at_most_head_width():
     torch.manual_seed(2)
     mha = MultiHeadAttention(32, 8)
-    assert torch.linalg.matrix_rank(HC.qk_circuit(mha, 3)).item() == 4
-    assert torch.linalg.matrix_rank(HC.ov_circuit(mha, 3)).item() == 4
+    assert torch.linalg.matrix_rank(head_circuits.qk_circuit(mha, 3)).item() == 4
+    assert torch.linalg.matrix_rank(head_circuits.ov_circuit(mha, 3)).item() == 4
 
 
 def test_bad_input():
     mha = MultiHeadAttention(8, 2)
     with pytest.raises(ValueError, match="head"):
-        HC.qk_circuit(mha, 2)
+        head_circuits.qk_circuit(mha, 2)
     with pytest.raises(ValueError, match="x must"):
-        HC.circuit_output(mha, torch.randn(2, 3, 4), 0)
+        head_circuits.circuit_output(mha, torch.randn(2, 3, 4), 0)
     rope = MultiHeadAttention(8, 2, rope=RotaryEmbedding(4))
     with pytest.raises(ValueError, match="RoPE"):
-        HC.ov_circuit(rope, 0)
+        head_circuits.ov_circuit(rope, 0)

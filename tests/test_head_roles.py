@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from course_lib import head_roles as HR
+from course_lib.experiments import head_roles
 
 
 def random_weights(B=3, H=2, T=7, seed=0):
@@ -19,7 +19,7 @@ def random_weights(B=3, H=2, T=7, seed=0):
 def test_offset_profile_equals_loop():
     w = random_weights()
     B, H, T, _ = w.shape
-    prof = HR.offset_profile(w, 4)
+    prof = head_roles.offset_profile(w, 4)
     assert prof.shape == (H, 5)
     for h in range(H):
         for k in range(5):
@@ -33,7 +33,7 @@ def test_offset_profile_of_a_pure_previous_token_head():
     w = torch.zeros(1, 1, T, T)
     w[0, 0, 0, 0] = 1
     w[0, 0, torch.arange(1, T), torch.arange(T - 1)] = 1
-    prof = HR.offset_profile(w, 2)[0]
+    prof = head_roles.offset_profile(w, 2)[0]
     assert prof.tolist() == [pytest.approx(1 / T), 1.0, 0.0]
 
 
@@ -45,7 +45,7 @@ def test_target_weight_equals_loop():
         [int(torch.randint(-1, t + 1, (1,), generator=g)) for t in range(T)])
         for _ in range(B)])
     targets[0, 3] = 2                      # at least one real target
-    got = HR.target_weight(w, targets)
+    got = head_roles.target_weight(w, targets)
     for h in range(H):
         vals = [w[b, h, t, targets[b, t]].item() for b in range(B)
                 for t in range(T) if targets[b, t] >= 0]
@@ -53,11 +53,11 @@ def test_target_weight_equals_loop():
 
 
 def test_uniform_weights_and_their_scores():
-    u = HR.uniform_weights(2, 1, 5)
+    u = head_roles.uniform_weights(2, 1, 5)
     assert torch.allclose(u.sum(-1), torch.ones(2, 1, 5))
     assert u[0, 0, 3].tolist() == [0.25] * 4 + [0.0]
     targets = torch.tensor([[-1, 0, 0, 1, 4]] * 2)
-    assert HR.target_weight(u, targets).item() == pytest.approx(
+    assert head_roles.target_weight(u, targets).item() == pytest.approx(
         (1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 4)
 
 
@@ -65,8 +65,8 @@ def test_distance_baseline_equals_loop():
     w = random_weights(T=6)
     B, H, T, _ = w.shape
     targets = torch.tensor([[-1, 0, 1, 0, 2, 5]] * B)
-    prof = HR.offset_profile(w, T - 1)
-    got = HR.distance_baseline(w, targets)
+    prof = head_roles.offset_profile(w, T - 1)
+    got = head_roles.distance_baseline(w, targets)
     for h in range(H):
         vals = [prof[h, t - targets[b, t]].item() for b in range(B)
                 for t in range(T) if targets[b, t] >= 0]
@@ -83,19 +83,19 @@ def test_distance_baseline_of_a_head_blind_to_content_is_its_score():
         for k in range(min(t + 1, 3)):
             w[0, 0, t, t - k] = d[k]
     targets = torch.tensor([[-1, -1, 1, 1, 3, 4, 4, 6]])
-    assert HR.distance_baseline(w, targets).item() == pytest.approx(
-        HR.target_weight(w, targets).item())
+    assert head_roles.distance_baseline(w, targets).item() == pytest.approx(
+        head_roles.target_weight(w, targets).item())
     # ... and a head that finds its targets by content beats it
     w = torch.zeros(1, 1, T, T)
     w[0, 0, torch.arange(T), targets.clamp(min=0)[0]] = 1.0
-    assert HR.target_weight(w, targets).item() == 1.0
-    assert HR.distance_baseline(w, targets).item() < 0.7
+    assert head_roles.target_weight(w, targets).item() == 1.0
+    assert head_roles.distance_baseline(w, targets).item() < 0.7
 
 
 def test_head_disagreement_equals_loop():
     w = random_weights(H=3)
     B, H, T, _ = w.shape
-    d = HR.head_disagreement(w)
+    d = head_roles.head_disagreement(w)
     for a in range(H):
         for b in range(H):
             tv = [0.5 * (w[i, a, t] - w[i, b, t]).abs().sum().item()
@@ -116,7 +116,7 @@ def word_starts_by_regex(text):
 @pytest.mark.parametrize("text", ["", "a", "ab cd\n  efg h", "  x  yy ",
                                   'print("hi")\nif x: y'])
 def test_word_starts_matches_a_regex(text):
-    assert HR.word_starts(text).tolist() == word_starts_by_regex(text)
+    assert head_roles.word_starts(text).tolist() == word_starts_by_regex(text)
 
 
 def open_by_brute_force(text, t):
@@ -141,25 +141,25 @@ def open_by_brute_force(text, t):
 @pytest.mark.parametrize("text", [
     'f(a, [b, "c(d"], e)', "don't (x)", "'a' + (b]", '{"k": [1, (2)]}', ""])
 def test_open_delimiters_matches_brute_force(text):
-    got = HR.open_delimiters(text).tolist()
+    got = head_roles.open_delimiters(text).tolist()
     assert got == [open_by_brute_force(text, t) for t in range(len(text))]
 
 
 def test_open_delimiters_by_hand():
     text = 'f(a"b")'
     #       0123456
-    assert HR.open_delimiters(text).tolist() == [-1, -1, 1, 1, 3, 3, 1]
+    assert head_roles.open_delimiters(text).tolist() == [-1, -1, 1, 1, 3, 3, 1]
 
 
 @pytest.mark.parametrize("call", [
-    lambda: HR.offset_profile(torch.rand(2, 3, 4), 1),
-    lambda: HR.offset_profile(torch.rand(1, 1, 4, 4), 4),
-    lambda: HR.target_weight(torch.rand(1, 1, 3, 3),
+    lambda: head_roles.offset_profile(torch.rand(2, 3, 4), 1),
+    lambda: head_roles.offset_profile(torch.rand(1, 1, 4, 4), 4),
+    lambda: head_roles.target_weight(torch.rand(1, 1, 3, 3),
                              torch.tensor([[0, 2, 3]])),
-    lambda: HR.target_weight(torch.rand(1, 1, 3, 3),
+    lambda: head_roles.target_weight(torch.rand(1, 1, 3, 3),
                              torch.tensor([[-1, -1, -1]])),
-    lambda: HR.target_weight(torch.rand(1, 1, 3, 3), torch.zeros(1, 2).long()),
-    lambda: HR.uniform_weights(0, 1, 3),
+    lambda: head_roles.target_weight(torch.rand(1, 1, 3, 3), torch.zeros(1, 2).long()),
+    lambda: head_roles.uniform_weights(0, 1, 3),
 ])
 def test_bad_input_is_a_value_error(call):
     with pytest.raises(ValueError):
@@ -173,8 +173,8 @@ def test_committed_char_model_has_no_induction_heads():
     retrained long enough to grow induction heads, this fails and the
     chapter's prose must change with it.)"""
     import torch.nn.functional as F
-    from course_lib.char_lm import load_char_lm
-    from course_lib.interpret import attention_maps
+    from course_lib.tasks.char_lm import load_char_lm
+    from course_lib.experiments.interpret import attention_maps
     lm, vocab = load_char_lm()
     L = 60
     g = torch.Generator().manual_seed(0)
@@ -187,14 +187,14 @@ def test_committed_char_model_has_no_induction_heads():
     assert nll[:, L:].mean() > nll[:, :L - 1].mean() - 0.1
     t = torch.arange(2 * L)
     target = torch.where(t >= L, t - L + 1, -1).expand(8, -1)
-    uniform = HR.target_weight(HR.uniform_weights(8, 1, 2 * L), target)
+    uniform = head_roles.target_weight(head_roles.uniform_weights(8, 1, 2 * L), target)
     for m in maps:                                             # each layer
-        assert (HR.target_weight(m, target) < 2 * uniform).all()
+        assert (head_roles.target_weight(m, target) < 2 * uniform).all()
 
 
 def test_repeated_windows_are_periodic_slices_of_the_text():
     ids = torch.arange(100, 400)                  # id = 100 + position
-    batches = HR.repeated_windows(ids, batch_size=16, length=30,
+    batches = head_roles.repeated_windows(ids, batch_size=16, length=30,
                                   min_period=4, max_period=9, seed=3)
     periods = set()
     for _ in range(3):
@@ -215,8 +215,8 @@ def test_repeated_windows_are_periodic_slices_of_the_text():
 
 def test_repeated_windows_rejects_bad_input():
     with pytest.raises(ValueError):
-        HR.repeated_windows(torch.arange(5), batch_size=2, length=8,
+        head_roles.repeated_windows(torch.arange(5), batch_size=2, length=8,
                             min_period=2, max_period=6)
     with pytest.raises(ValueError):
-        HR.repeated_windows(torch.arange(50), batch_size=2, length=8,
+        head_roles.repeated_windows(torch.arange(50), batch_size=2, length=8,
                             min_period=5, max_period=3)

@@ -1,4 +1,4 @@
-"""Tests for course_lib.heads (chapter 5): heads cut out of the feature axis
+"""Tests for course_lib.model.mha (chapter 5): heads cut out of the feature axis
 and merged back, K/V heads repeated for grouped-query attention, and the
 absolute positions of the queries.
 
@@ -8,8 +8,9 @@ repeat_interleave, and positions written out by hand.
 import pytest
 import torch
 
-from course_lib.heads import merge_heads, repeat_kv, split_heads
-from course_lib.mha import mha_param_count
+from course_lib.model import mha
+from course_lib.model.mha import merge_heads, repeat_kv, split_heads
+from course_lib.model.mha import mha_param_count
 
 
 @pytest.fixture(autouse=True)
@@ -53,36 +54,34 @@ def test_split_and_merge_heads_against_loop():
 
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.heads survived the ones above.
+# Tests added because a mutant of course_lib.model.mha survived the ones above.
 def test_query_positions_by_hand(device_spy):
-    from course_lib import heads
-    from course_lib.kv_cache import LayerKVCache
+    from course_lib.model.kv_cache import LayerKVCache
     cpu = torch.device("cpu")
-    assert heads.query_positions(None, 3, None, cpu).tolist() == [0, 1, 2]
+    assert mha.query_positions(None, 3, None, cpu).tolist() == [0, 1, 2]
     cache = LayerKVCache()
     cache.update(torch.zeros(1, 4, 2))                     # 4 cached
-    assert heads.query_positions(None, 2, cache, cpu).tolist() == [4, 5]
+    assert mha.query_positions(None, 2, cache, cpu).tolist() == [4, 5]
     given = torch.tensor([4, 5])
-    assert heads.query_positions(given, 2, cache, cpu) is given
+    assert mha.query_positions(given, 2, cache, cpu) is given
     with pytest.raises(ValueError, match=r"^positions must continue the "
                        r"cache, i\.e\. start at 4"):
-        heads.query_positions(torch.tensor([0, 1]), 2, cache, cpu)
+        mha.query_positions(torch.tensor([0, 1]), 2, cache, cpu)
     msg = r"^positions must be a tensor of shape \(T,\) = \(2,\), got "
     with pytest.raises(ValueError, match=msg + r"torch\.Size\(\[3\]\)$"):
-        heads.query_positions(torch.arange(3), 2, None, cpu)
+        mha.query_positions(torch.arange(3), 2, None, cpu)
     with pytest.raises(ValueError, match=msg + r"\[0, 1\]$"):
-        heads.query_positions([0, 1], 2, None, cpu)
+        mha.query_positions([0, 1], 2, None, cpu)
     # the default positions are built on the device asked for (a spy:
     # there is only a CPU here, where a dropped device= changes nothing)
-    asked = device_spy(heads, "arange")
-    heads.query_positions(None, 2, None, cpu)
+    asked = device_spy(mha, "arange")
+    mha.query_positions(None, 2, None, cpu)
     assert asked == [cpu]
 
 
 def test_split_and_merge_heads_messages():
-    from course_lib import heads
     with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0$"):
-        heads.split_heads(torch.zeros(1, 2, 4), 0)
+        mha.split_heads(torch.zeros(1, 2, 4), 0)
     with pytest.raises(TypeError, match=r"^x must be a torch\.Tensor, got "
                        r"list$"):
-        heads.merge_heads([[[[0.0]]]])
+        mha.merge_heads([[[[0.0]]]])

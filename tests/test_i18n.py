@@ -1,16 +1,16 @@
-"""Exercises and explorers in Chinese (issue 16): course_lib.i18n."""
+"""Exercises and explorers in Chinese: course_lib.notebook.i18n."""
 import ast
 import string
 from pathlib import Path
 
 import pytest
 
-from course_lib import i18n
-from course_lib.diagnosed_exercise import DiagnosedFunctionExercise
-from course_lib.exercises import ChoiceExercise, NumericExercise
-from course_lib.function_exercise import FunctionExercise
-from course_lib.i18n import catalog, get_language, set_language, tr
-from course_lib.widgets import Explorer
+from course_lib.notebook import i18n
+from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
+from course_lib.notebook.exercises import ChoiceExercise, NumericExercise
+from course_lib.notebook.function_exercise import FunctionExercise
+from course_lib.notebook.i18n import catalog, get_language, set_language, tr
+from course_lib.notebook.widgets import Explorer
 
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
 
@@ -19,7 +19,7 @@ def _templates() -> dict[str, str]:
     """Every literal first argument of tr(...) in course_lib (a string, or
     a module constant holding one), with the file it is in."""
     found = {}
-    for path in sorted(LIB.glob("*.py")):
+    for path in sorted(LIB.rglob("*.py")):
         tree = ast.parse(path.read_text())
         consts = {n.targets[0].id: n.value.value for n in ast.walk(tree)
                   if isinstance(n, ast.Assign) and len(n.targets) == 1

@@ -1,4 +1,4 @@
-"""Tests for course_lib.interpret (chapter 13): attention maps of a
+"""Tests for course_lib.experiments.interpret (chapter 13): attention maps of a
 DecoderLM.
 
 Reference: the weights of one head recomputed by hand from the block's
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.interpret import attention_maps
-from course_lib.positional import apply_rope
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.experiments.interpret import attention_maps
+from course_lib.model.rope import apply_rope
 
 
 def tiny(**kw) -> DecoderLM:

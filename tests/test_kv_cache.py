@@ -1,15 +1,15 @@
-"""Tests for course_lib.kv_cache and the cache plumbing in mha/blocks/decoder_lm.
+"""Tests for course_lib.model.kv_cache and the cache plumbing in mha/blocks/decoder_lm.
 
-Generation with the cache (course_lib.decoding) is tested in
+Generation with the cache (course_lib.generation.decoding) is tested in
 test_decoding.py."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from course_lib.kv_cache import (KVCache, LayerKVCache, kv_cache_bytes,
-                                 kv_values_per_token)
-from course_lib.decoder_lm import DecoderLMConfig
+from course_lib.model.kv_cache import KVCache, LayerKVCache
+from course_lib.sizing.kv_cache_size import kv_cache_bytes, kv_values_per_token
+from course_lib.model.decoder_lm import DecoderLMConfig
 from tiny_lm_support import MODELS, tiny_lm
 
 torch.manual_seed(123)
@@ -163,10 +163,10 @@ def test_rope_attention_alone_continues_cache_positions():
     # Called directly (not through DecoderLM) with a cache and no
     # positions, attention with the RoPE hook must rotate the new token
     # by its true position, so one-at-a-time equals all-at-once.
-    from course_lib.masking import causal_mask
-    from course_lib.kv_cache import LayerKVCache
-    from course_lib.mha import MultiHeadAttention
-    from course_lib.positional import RotaryEmbedding
+    from course_lib.model.masks import causal_mask
+    from course_lib.model.kv_cache import LayerKVCache
+    from course_lib.model.mha import MultiHeadAttention
+    from course_lib.model.rope import RotaryEmbedding
     torch.manual_seed(123)
     attn = MultiHeadAttention(32, 4, n_kv_heads=2, bias=False,
                               rope=RotaryEmbedding(8)).eval()
@@ -182,12 +182,12 @@ def test_rope_attention_alone_continues_cache_positions():
 
 @pytest.mark.parametrize("kind", ["mha_rope", "mla"])
 def test_layers_reject_positions_that_do_not_continue_their_cache(kind):
-    # Probe finding 8: called directly with a cache, a layer rotated a new
+    # Called directly with a cache, a layer rotated a new
     # token by whatever position it was given, e.g. 0 after 3 cached ones.
-    from course_lib.kv_cache import LayerKVCache
-    from course_lib.mha import MultiHeadAttention
-    from course_lib.mla import MLAConfig, MultiHeadLatentAttention
-    from course_lib.positional import RotaryEmbedding
+    from course_lib.model.kv_cache import LayerKVCache
+    from course_lib.model.mha import MultiHeadAttention
+    from course_lib.model.mla import MLAConfig, MultiHeadLatentAttention
+    from course_lib.model.rope import RotaryEmbedding
     torch.manual_seed(0)
     if kind == "mla":
         layer = MultiHeadLatentAttention(MLAConfig(
@@ -210,7 +210,7 @@ def test_layers_reject_positions_that_do_not_continue_their_cache(kind):
 
 
 # ============================== mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.kv_cache survived the ones
+# Tests added because a mutant of course_lib.model.kv_cache survived the ones
 # above.
 def test_layer_cache_crop_by_hand():
     k = torch.arange(2 * 1 * 4 * 3.0).reshape(2, 1, 4, 3)    # (B, G, S, d)
@@ -270,7 +270,7 @@ def test_check_next_message_shows_at_most_8_positions():
 def test_check_next_compares_on_the_positions_device(device_spy):
     # Only a CPU here: a spy checks that the expected run 0, 1, ... is
     # built on the device of the positions (else a GPU run would fail).
-    import course_lib.kv_cache as kvc
+    from course_lib.model import kv_cache as kvc
     asked = device_spy(kvc, "arange")
     positions = torch.arange(2)
     LayerKVCache().check_next(positions)

@@ -1,4 +1,4 @@
-"""Tests for course_lib.layers (chapter 6).
+"""Tests for course_lib.model.block (chapter 6).
 
 References: torch.nn.RMSNorm and torch.nn.LayerNorm, the FFN and SwiGLU
 formulas written out with raw matrix products, the FFN of
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.layers import (FeedForward, RMSNorm, SwiGLU, ffn_param_count,
-                               llama_hidden_dim, make_norm,
-                               swiglu_param_count)
+from course_lib.model.block import (FeedForward, RMSNorm, SwiGLU,
+                                    ffn_param_count, llama_hidden_dim,
+                                    make_norm, swiglu_param_count)
 
 
 @pytest.fixture(autouse=True)
@@ -192,7 +192,7 @@ def test_bad_inputs():
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 @pytest.mark.parametrize("eps", [0, -1e-5, float("inf"), float("nan")])
 def test_norm_eps_must_be_finite_and_positive(kind, eps):
-    # Probe finding 14: LayerNorm's eps was never validated (eps = 0 gave
+    # LayerNorm's eps was once unchecked (eps = 0 gave
     # NaN on a constant input), RMSNorm accepted inf (all zeros).
     with pytest.raises(ValueError, match="eps must be"):
         make_norm(kind, 4, eps=eps)
@@ -201,7 +201,7 @@ def test_norm_eps_must_be_finite_and_positive(kind, eps):
 
 
 def test_encoder_and_decoder_layers_validate_eps():
-    from course_lib.blocks import DecoderLayer, EncoderLayer
+    from course_lib.model.transformer import DecoderLayer, EncoderLayer
     for layer in (EncoderLayer, DecoderLayer):
         with pytest.raises(ValueError, match="eps must be > 0, got 0"):
             layer(8, 2, 16, eps=0)

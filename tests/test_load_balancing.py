@@ -1,9 +1,9 @@
-"""Tests for course_lib.load_balancing (chapter 11)."""
+"""Tests for course_lib.model.load_balancing (chapter 11)."""
 import pytest
 import torch
 
-from course_lib.load_balancing import (expert_load, load_balancing_loss,
-                                       update_bias)
+from course_lib.model.load_balancing import (expert_load, load_balancing_loss,
+                                             update_bias)
 
 torch.manual_seed(123)
 
@@ -75,7 +75,7 @@ def test_update_bias_bad_input():
 
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.load_balancing survived the
+# Tests added because a mutant of course_lib.model.load_balancing survived the
 # ones above.
 def test_expert_load_edges_and_messages():
     # the highest expert id, E - 1, is valid; leading dims are flattened

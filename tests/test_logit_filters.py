@@ -1,4 +1,4 @@
-"""Tests for course_lib.logit_filters (chapter 8): min-p, by hand and
+"""Tests for course_lib.generation.sampling (chapter 8): min-p, by hand and
 against a loop reference; its place in the sampling chain. Temperature,
 top-k and top-p are tested in test_sampling.py."""
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import sampling as S
-from course_lib.logit_filters import min_p_filter
+from course_lib.generation import sampling
+from course_lib.generation.sampling import min_p_filter
 
 INF = float("-inf")
 
@@ -73,19 +73,19 @@ def test_min_p_in_the_chain_and_order():
     z = torch.randn(6, 20) * 2
     # after temperature: z_i / tau >= max / tau + log(min_p)
     tau, mp = 2.0, 0.1
-    q = S.sampling_distribution(z, temperature=tau, min_p=mp)
+    q = sampling.sampling_distribution(z, temperature=tau, min_p=mp)
     keep = z >= z.amax(-1, keepdim=True) + tau * math.log(mp)
     assert torch.equal(q > 0, keep)
     torch.testing.assert_close(q, F.softmax(
         (z / tau).masked_fill(~keep, INF), -1))
     # min-p commutes with top-k (both keep a head of the ranking, and the
     # min-p test does not depend on the normalisation)
-    a = S.min_p_filter(S.top_k_filter(z, 5), 0.2)
-    b = S.top_k_filter(S.min_p_filter(z, 0.2), 5)
+    a = sampling.min_p_filter(sampling.top_k_filter(z, 5), 0.2)
+    b = sampling.top_k_filter(sampling.min_p_filter(z, 0.2), 5)
     assert torch.equal(a, b)
     # sample_next and generate accept min_p; min_p = 1 is greedy
     gen = torch.Generator().manual_seed(0)
-    draws = S.sample_next(z, min_p=1.0, generator=gen)
+    draws = sampling.sample_next(z, min_p=1.0, generator=gen)
     assert torch.equal(draws, z.argmax(-1))
 
 
@@ -101,9 +101,9 @@ def test_min_p_rejects_bad_values(bad, match):
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "0.1", float("inf")])
 def test_sampler_min_p_argument_checked(bad):
     z = torch.randn(3, 5)
-    for call in (lambda: S.sampling_distribution(z, min_p=bad),
-                 lambda: S.sample_next(z, min_p=bad),
-                 lambda: S.check_sampling_args(1.0, None, None, bad)):
+    for call in (lambda: sampling.sampling_distribution(z, min_p=bad),
+                 lambda: sampling.sample_next(z, min_p=bad),
+                 lambda: sampling.check_sampling_args(1.0, None, None, bad)):
         with pytest.raises(ValueError, match="min_p"):
             call()
 
@@ -132,6 +132,6 @@ def test_chain_equals_hugging_face_warpers():
         hf = z.clone()
         for w in chain:
             hf = w(None, hf)
-        ours = S.sampling_distribution(z, temperature=tau, top_k=k,
+        ours = sampling.sampling_distribution(z, temperature=tau, top_k=k,
                                        top_p=p, min_p=mp)
         torch.testing.assert_close(ours, F.softmax(hf, -1))

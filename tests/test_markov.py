@@ -1,12 +1,12 @@
-"""Tests for course_lib.markov: the synthetic language with an exact
+"""Tests for course_lib.tasks.markov: the synthetic language with an exact
 entropy rate, and chapter 7's model trained on it (chapter 7)."""
 import math
 
 import pytest
 import torch
 
-from course_lib import markov as Mk
-from course_lib import special_tokens as ST
+from course_lib.tasks import markov
+from course_lib import training
 from course_lib.training import next_token_loss
 
 
@@ -17,7 +17,7 @@ def _seed():
 
 @pytest.fixture(scope="module")
 def source():
-    return Mk.random_markov_source(vocab_size=8, order=2, branching=3,
+    return markov.random_markov_source(vocab_size=8, order=2, branching=3,
                                   seed=0)
 
 
@@ -26,20 +26,20 @@ def test_source_rows_are_sparse_distributions(source):
     assert P.shape == (64, 8) and P.dtype == torch.float64
     assert torch.allclose(P.sum(-1), torch.ones(64, dtype=torch.float64))
     assert ((P > 0).sum(-1) == 3).all()
-    again = Mk.random_markov_source(vocab_size=8, order=2, branching=3,
+    again = markov.random_markov_source(vocab_size=8, order=2, branching=3,
                                    seed=0)
     assert torch.equal(again.probs, P)
 
 
 def test_stationary_distribution_is_invariant_and_matches_samples(source):
-    pi = Mk.stationary_distribution(source)
-    M = Mk._transition_matrix(source)
+    pi = markov.stationary_distribution(source)
+    M = markov._transition_matrix(source)
     assert torch.allclose(M.sum(-1), torch.ones(64, dtype=torch.float64))
     assert math.isclose(pi.sum().item(), 1.0, abs_tol=1e-12)
     assert (pi >= 0).all()
     assert torch.allclose(pi @ M, pi, atol=1e-12)
     # long-run context frequencies approach pi
-    seqs = Mk.sample_markov(source, n_sequences=400, length=500,
+    seqs = markov.sample_markov(source, n_sequences=400, length=500,
                            generator=torch.Generator().manual_seed(1))
     ctx = source.context_ids(seqs).flatten()
     freq = torch.bincount(ctx, minlength=64).double() / ctx.numel()
@@ -56,7 +56,7 @@ def test_context_ids_loop_reference(source):
 
 def test_entropy_rate_closed_form_cases():
     # order 1, two symbols, "flip" probabilities a and b: pi = (b, a)/(a+b)
-    src = Mk.random_markov_source(vocab_size=2, order=1, branching=2, seed=0)
+    src = markov.random_markov_source(vocab_size=2, order=1, branching=2, seed=0)
     (p00, p01), (p10, p11) = src.probs.tolist()
     a, b = p01, p10
 
@@ -64,33 +64,33 @@ def test_entropy_rate_closed_form_cases():
         return -sum(x * math.log(x) for x in p if x > 0)
 
     expected = (b * H([p00, p01]) + a * H([p10, p11])) / (a + b)
-    assert math.isclose(Mk.entropy_rate(src), expected, rel_tol=1e-10)
+    assert math.isclose(markov.entropy_rate(src), expected, rel_tol=1e-10)
     # branching 1: every next symbol is determined, entropy rate 0
-    det = Mk.random_markov_source(vocab_size=5, order=2, branching=1, seed=0)
-    assert abs(Mk.entropy_rate(det)) < 1e-12
+    det = markov.random_markov_source(vocab_size=5, order=2, branching=1, seed=0)
+    assert abs(markov.entropy_rate(det)) < 1e-12
 
 
 def test_entropy_rate_equals_monte_carlo(source):
     """-mean log p over long stationary samples converges to h."""
-    h = Mk.entropy_rate(source)
-    seqs = Mk.sample_markov(source, n_sequences=400, length=1000,
+    h = markov.entropy_rate(source)
+    seqs = markov.sample_markov(source, n_sequences=400, length=1000,
                            generator=torch.Generator().manual_seed(7))
-    per_seq = Mk.token_nll(source, seqs).mean(1)          # (400,)
+    per_seq = markov.token_nll(source, seqs).mean(1)          # (400,)
     mc = per_seq.mean().item()
     se = per_seq.std().item() / math.sqrt(len(per_seq))
     assert abs(mc - h) < 4 * se, (mc, h, se)
     assert se < 0.003               # the test is sharp, not vacuous
     # and the samples only ever use allowed transitions
-    assert torch.isfinite(Mk.token_nll(source, seqs)).all()
+    assert torch.isfinite(markov.token_nll(source, seqs)).all()
 
 
 def test_lm_batches_shift_and_ignore(source):
-    inputs, targets = next(Mk.lm_batches(source, batch_size=4, length=10,
+    inputs, targets = next(markov.lm_batches(source, batch_size=4, length=10,
                                         seed=0))
     assert inputs.shape == targets.shape == (4, 10)
-    assert (targets[:, 0] == ST.IGNORE).all()          # order - 1 = 1
+    assert (targets[:, 0] == training.IGNORE).all()          # order - 1 = 1
     assert torch.equal(inputs[:, 2:], targets[:, 1:-1])
-    again = next(Mk.lm_batches(source, batch_size=4, length=10, seed=0))
+    again = next(markov.lm_batches(source, batch_size=4, length=10, seed=0))
     assert torch.equal(again[0], inputs)
 
 
@@ -100,17 +100,17 @@ def test_decode_letters(source):
 
 def test_markov_bad_inputs(source):
     with pytest.raises(ValueError, match="branching must be <= vocab_size"):
-        Mk.random_markov_source(vocab_size=4, branching=5)
+        markov.random_markov_source(vocab_size=4, branching=5)
     with pytest.raises(ValueError, match="vocab_size must be <= 26"):
-        Mk.random_markov_source(vocab_size=40, order=2)
+        markov.random_markov_source(vocab_size=40, order=2)
     with pytest.raises(ValueError, match="concentration must be > 0"):
-        Mk.random_markov_source(concentration=0.0)
+        markov.random_markov_source(concentration=0.0)
     with pytest.raises(ValueError, match="order must be >= 1, got 0"):
-        Mk.random_markov_source(order=0)
+        markov.random_markov_source(order=0)
     with pytest.raises(ValueError, match="length must be >= 2, got 1"):
-        Mk.sample_markov(source, n_sequences=2, length=1)
+        markov.sample_markov(source, n_sequences=2, length=1)
     with pytest.raises(ValueError, match="seqs must have shape"):
-        Mk.token_nll(source, torch.zeros(2, 2, dtype=torch.long))
+        markov.token_nll(source, torch.zeros(2, 2, dtype=torch.long))
 
 
 # -- chapter 7's synthetic-language model, as committed for chapters 7-8 ---
@@ -118,12 +118,12 @@ def test_committed_synthetic_lm_is_the_recipe_model_and_scores_as_recorded():
     """load_synthetic_lm: the recipe's architecture and language, and a
     fresh evaluation of the loaded weights on the rebuilt validation batch
     gives the validation loss recorded when it was trained."""
-    run = Mk.load_synthetic_lm()
+    run = markov.load_synthetic_lm()
     cfg = run.model.config
     assert (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers,
             cfg.max_len) == (16, 64, 4, 2, 64)
     assert not run.model.training
-    ref = Mk.random_markov_source(vocab_size=16, order=2, branching=3,
+    ref = markov.random_markov_source(vocab_size=16, order=2, branching=3,
                                   seed=0)
     assert torch.equal(run.source.probs, ref.probs)
     assert run.val_batch[0].shape == (128, 64)
@@ -138,23 +138,26 @@ def test_committed_synthetic_lm_is_what_the_recipe_trains_now():
     """Chapters 7 and 8 load the file instead of running the recipe (300
     steps, about 12 s): a fresh train_synthetic_lm(seed=0) must give the
     same weights and history, or `make checkpoints` is due. The recipe
-    trains on one thread, so the run repeats bit for bit on one machine;
-    1e-4 leaves room for another CPU's rounding."""
-    saved = Mk.load_synthetic_lm()
-    fresh = Mk.train_synthetic_lm(seed=0)
+    trains on one thread, so the run repeats bit for bit on one machine.
+    On another CPU the rounding differs and 300 Adam steps carry it into
+    the weights: 2.5e-3 at most and 2.3e-4 in the validation losses
+    (an AMD EPYC against the machine that saved the file). A changed
+    recipe (steps, learning rate, seed, data) moves them by far more."""
+    saved = markov.load_synthetic_lm()
+    fresh = markov.train_synthetic_lm(seed=0)
     gap = max((a - b).abs().max().item() for a, b in zip(
         saved.model.state_dict().values(), fresh.model.state_dict().values()))
-    assert gap < 1e-4, f"weights differ by {gap:.2e}: run make checkpoints"
+    assert gap < 1e-2, f"weights differ by {gap:.2e}: run make checkpoints"
     assert saved.history.val_step == fresh.history.val_step
     assert max(abs(a - b) for a, b in zip(saved.history.val_loss,
-                                          fresh.history.val_loss)) < 1e-4
+                                          fresh.history.val_loss)) < 2e-3
 
 
 def test_synthetic_lm_save_load_round_trip(tmp_path):
-    run = Mk.train_synthetic_lm(steps=2, warmup_steps=1, eval_every=0)
+    run = markov.train_synthetic_lm(steps=2, warmup_steps=1, eval_every=0)
     path = tmp_path / "lm.pt"
-    Mk.save_synthetic_lm(run, path)
-    back = Mk.load_synthetic_lm(path)
+    markov.save_synthetic_lm(run, path)
+    back = markov.load_synthetic_lm(path)
     for (k, a), (k2, b) in zip(run.model.state_dict().items(),
                                back.model.state_dict().items()):
         assert k == k2 and torch.equal(a, b)
@@ -164,6 +167,6 @@ def test_synthetic_lm_save_load_round_trip(tmp_path):
 
 def test_synthetic_lm_file_errors(tmp_path):
     with pytest.raises(ValueError, match="path must be an existing"):
-        Mk.load_synthetic_lm(tmp_path / "missing.pt")
+        markov.load_synthetic_lm(tmp_path / "missing.pt")
     with pytest.raises(TypeError, match="run must be an LMRun"):
-        Mk.save_synthetic_lm("not a run", tmp_path / "x.pt")
+        markov.save_synthetic_lm("not a run", tmp_path / "x.pt")

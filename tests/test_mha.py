@@ -1,4 +1,4 @@
-"""Tests for course_lib.mha (chapter 5).
+"""Tests for course_lib.model.mha (chapter 5).
 
 References used: torch.nn.MultiheadAttention with copied weights (self- and
 cross-attention, with boolean masks converted to torch's True = blocked
@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.masking import causal_mask, padding_mask
-from course_lib.mha import MultiHeadAttention, mha_param_count
-from course_lib.positional import RotaryEmbedding
+from course_lib.model.masks import causal_mask, padding_mask
+from course_lib.model.mha import MultiHeadAttention, mha_param_count
+from course_lib.model.rope import RotaryEmbedding
+from course_lib.model import attention, mha
 
 ATOL = 1e-5
 
@@ -364,8 +365,8 @@ def test_rope_hook_bad_inputs():
         RotaryEmbedding(8)(torch.randn(1, 3, 6), torch.arange(3))
 
 
-# ---- mutation testing (issue 17)
-# Tests added because a mutant of course_lib.mha survived the ones above
+# ---- found by mutation testing: details a mutant could change unseen
+# Tests added because a mutant of course_lib.model.mha survived the ones above
 # (benchmarks/mutation.md, "mha survivors and why").
 def _rope_mha_by_hand(attn, x, positions, mask):
     """attn's output and weights by hand: RoPE as complex numbers at the
@@ -418,10 +419,9 @@ def test_rope_positions_that_are_not_a_shifted_range():
 def test_rope_default_positions_are_made_on_the_inputs_device(device_spy):
     # a spy, as for heads: only a CPU here, where device=None changes
     # no value
-    from course_lib import heads
     attn = rope_attention(8, 2)
     x = torch.randn(1, 3, 8)
-    asked = device_spy(heads, "arange")
+    asked = device_spy(mha, "arange")
     attn(x)
     assert asked == [x.device]
     attn.forward_loop(x)
@@ -456,7 +456,7 @@ def test_forward_loop_picks_each_heads_mask():
 def test_forward_with_weights_uses_the_cache():
     # prefill 3 tokens, then 2 more through the cache: the last 2 rows of
     # torch's module over all 5 positions, causal
-    from course_lib.kv_cache import LayerKVCache
+    from course_lib.model.kv_cache import LayerKVCache
     mha = MultiHeadAttention(16, 4)
     ref = torch_twin(mha)
     x = torch.randn(2, 5, 16)
@@ -472,8 +472,6 @@ def test_forward_with_weights_uses_the_cache():
 
 
 def test_fused_flag_picks_the_kernel_for_forward_only(monkeypatch):
-    from course_lib import attention as A
-    from course_lib import mha as mha_module
     ran = []
 
     def spy(path, real):
@@ -481,10 +479,10 @@ def test_fused_flag_picks_the_kernel_for_forward_only(monkeypatch):
             ran.append(path)
             return real(*args, **kw)
         return call
-    monkeypatch.setattr(mha_module, "fused_attention",
-                        spy("fused", A.fused_attention))
-    monkeypatch.setattr(mha_module, "scaled_dot_product_attention",
-                        spy("explicit", A.scaled_dot_product_attention))
+    monkeypatch.setattr(mha, "fused_attention",
+                        spy("fused", attention.fused_attention))
+    monkeypatch.setattr(mha, "scaled_dot_product_attention",
+                        spy("explicit", attention.scaled_dot_product_attention))
     fused = MultiHeadAttention(16, 4, fused=True)
     assert fused.fused is True and MultiHeadAttention(16, 4).fused is False
     ref = torch_twin(fused)
@@ -515,7 +513,7 @@ def test_smallest_model_width_and_integer_param_count():
 def test_mha_messages_in_full():
     import re
 
-    from course_lib.kv_cache import LayerKVCache
+    from course_lib.model.kv_cache import LayerKVCache
 
     def full(text):
         return "^" + re.escape(text) + "$"

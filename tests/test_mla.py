@@ -1,8 +1,8 @@
-"""Tests for course_lib.mla (multi-head latent attention, chapter 10).
+"""Tests for course_lib.model.mla (multi-head latent attention, chapter 10).
 
 The comparison with Hugging Face's DeepseekV3Attention is in
 test_mla_reference.py (it imports transformers, which is slow); the
-configuration and its parameter count (course_lib.mla_config) are tested
+configuration and its parameter count (course_lib.model.mla) are tested
 in test_mla_config.py."""
 import math
 from dataclasses import replace
@@ -11,12 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib.masking import causal_mask
-from course_lib.decoding import generate
-from course_lib.kv_cache import KVCache, LayerKVCache, kv_cache_bytes
-from course_lib.mla import MLAConfig, MultiHeadLatentAttention
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.positional import apply_rope
+from course_lib.model.masks import causal_mask
+from course_lib.generation.decoding import generate
+from course_lib.model.kv_cache import KVCache, LayerKVCache
+from course_lib.sizing.kv_cache_size import kv_cache_bytes
+from course_lib.model.mla import MLAConfig, MultiHeadLatentAttention
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.model.rope import apply_rope
+from course_lib.model import attention, mha, mla as mla_module
 from mla_support import tiny
 
 ATOL = 1e-5
@@ -344,16 +346,15 @@ def test_yarn_paths_agree_and_cache_decodes(absorb):
     assert torch.allclose(shifted, full, atol=1e-4)
 
 
-# ---- mutation testing (issue 17)
-# Tests added because a mutant of course_lib.mla survived the ones above
+# ---- found by mutation testing: details a mutant could change unseen
+# Tests added because a mutant of course_lib.model.mla survived the ones above
 # (benchmarks/mutation.md, "MLA survivors and why").
 def _spy_values_width(monkeypatch):
     """Record the width of the values each attention call gets: d_v on
     the explicit path (per-head values W^UV c), d_c on the absorbed one
     (the latents themselves)."""
-    import course_lib.mla as mla_module
     widths = []
-    real = mla_module.scaled_dot_product_attention
+    real = attention.scaled_dot_product_attention
 
     def spy(q, k, v, *args, **kw):
         widths.append(v.shape[-1])
@@ -424,7 +425,7 @@ def test_forward_by_hand_with_own_eps_base_and_yarn_factors(yarn, interleave,
     # Not the defaults: eps 0.3 (both latent norms), base 50, both RoPE
     # layouts, and YaRN with mscale != mscale_all_dim, so that the cos/sin
     # factor m(s, 1) / m(s, 0.5) is not 1 (it is 1 in every released
-    # config). YaRN's frequencies come from course_lib.yarn (checked
+    # config). YaRN's frequencies come from course_lib.model.yarn (checked
     # against transformers in test_yarn.py); factor and scale by hand.
     rs = dict(YARN, mscale=1.0, mscale_all_dim=0.5) if yarn else None
     cfg = tiny(rms_norm_eps=0.3, rope_theta=50.0, rope_interleave=interleave,
@@ -435,7 +436,7 @@ def test_forward_by_hand_with_own_eps_base_and_yarn_factors(yarn, interleave,
     pos = torch.arange(6) + (200 if yarn else 3)
     d_r, s = 6, 40.0
     if yarn:
-        from course_lib.yarn import yarn_frequencies
+        from course_lib.model.yarn import yarn_frequencies
         theta = yarn_frequencies(d_r, base=50.0, **rs)
         m_rope, m_all = 0.1 * math.log(s) + 1, 0.05 * math.log(s) + 1
         factor, scale = m_rope / m_all, m_all ** 2 / math.sqrt(14)
@@ -453,9 +454,8 @@ def test_forward_by_hand_with_own_eps_base_and_yarn_factors(yarn, interleave,
 def test_default_positions_are_made_on_the_inputs_device(monkeypatch):
     # Only a CPU here, so a wrong device changes no value: a spy on
     # query_positions checks what forward asks for.
-    import course_lib.mla as mla_module
     seen = []
-    real = mla_module.query_positions
+    real = mha.query_positions
 
     def spy(positions, T, cache, device):
         seen.append(device)

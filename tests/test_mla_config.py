@@ -1,4 +1,4 @@
-"""Tests for course_lib.mla_config (chapter 10): MLAConfig and its
+"""Tests for course_lib.model.mla (chapter 10): MLAConfig and its
 DeepSeek presets, and the closed-form parameter count mla_param_count.
 
 References used: the released config.json values (with DeepSeek's YaRN
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_lib.mla import MultiHeadLatentAttention
-from course_lib.mla_config import MLAConfig, mla_param_count
+from course_lib.model.mla import MultiHeadLatentAttention
+from course_lib.model.mla import MLAConfig, mla_param_count
 from mla_support import tiny
 
 
@@ -85,7 +85,7 @@ def test_param_count_deepseek_v3_by_hand():
 
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.mla_config survived the ones
+# Tests added because a mutant of course_lib.model.mla survived the ones
 # above.
 def test_config_without_query_latent_still_checks_every_other_field():
     with pytest.raises(ValueError, match=r"^kv_lora_rank must be >= 1, got "
@@ -96,7 +96,7 @@ def test_config_without_query_latent_still_checks_every_other_field():
 
 
 def test_param_count_message_names_the_missing_fields():
-    from course_lib.mla_config import mla_param_count
+    from course_lib.model.mla import mla_param_count
     with pytest.raises(TypeError, match=r"^config must be an MLA configuration"
                        r" \(MLAConfig or ModelConfig\), got SimpleNamespace "
                        r"without num_attention_heads, kv_lora_rank, "

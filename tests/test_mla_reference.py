@@ -1,4 +1,4 @@
-"""course_lib.mla against Hugging Face's DeepseekV3Attention (test-only
+"""course_lib.model.mla against Hugging Face's DeepseekV3Attention (test-only
 reference; transformers is never imported by course_lib).
 
 Same state_dict keys (so released weights load by name), same outputs with
@@ -11,12 +11,12 @@ transformers = pytest.importorskip("transformers")
 from transformers.cache_utils import DynamicCache  # noqa: E402
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds  # noqa
 
-from course_lib.masking import causal_mask  # noqa: E402
-from course_lib.kv_cache import LayerKVCache  # noqa: E402
-from course_lib.mla import (MLAConfig, MultiHeadLatentAttention,  # noqa
-                            deepseek_yarn)
-from course_lib.positional import rope_permutation  # noqa: E402
-from course_lib.yarn import yarn_frequencies  # noqa: E402
+from course_lib.model.masks import causal_mask  # noqa: E402
+from course_lib.model.kv_cache import LayerKVCache  # noqa: E402
+from course_lib.model.mla import (MLAConfig, MultiHeadLatentAttention,  # noqa: E402
+                                  deepseek_yarn)
+from course_lib.model.rope import rope_permutation  # noqa: E402
+from course_lib.model.yarn import yarn_frequencies  # noqa: E402
 
 ATOL = 1e-5
 DIMS = dict(hidden_size=48, num_attention_heads=4, kv_lora_rank=32,

@@ -1,14 +1,14 @@
-"""Tests of both chapter 6 models side by side, course_lib.transformer and
-course_lib.decoder_lm: storage sharing of tied weights in each, and the
+"""Tests of both chapter 6 models side by side, course_lib.model.transformer and
+course_lib.model.decoder_lm: storage sharing of tied weights in each, and the
 checks of bad input and of their configurations. Each model's own tests
 are in test_transformer.py and test_decoder_lm.py.
 """
 import pytest
 import torch
 
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.transformer import (Transformer, TransformerConfig,
-                                    greedy_decode)
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.model.transformer import (Transformer, TransformerConfig,
+                                          greedy_decode)
 from transformer_support import tiny_transformer
 
 
@@ -63,7 +63,7 @@ def test_bad_inputs():
     (TransformerConfig, dict(dropout=-0.1), "dropout must be >= 0"),
 ])
 def test_configs_reject_nonsense(config, overrides, match):
-    # Probe: n_layers=-1 built a model with no layers; dropout=1.5 passed.
+    # n_layers=-1 used to build a model with no layers; dropout=1.5 passed.
     base = dict(vocab_size=10) if config is DecoderLMConfig else {}
     with pytest.raises(ValueError, match=match):
         config(**base, **overrides)

@@ -1,14 +1,14 @@
-"""Tests for course_lib.moe (chapter 11)."""
+"""Tests for course_lib.model.moe (chapter 11)."""
 import math
 
 import pytest
 import torch
 
-from course_lib.layers import SwiGLU
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.moe import (MoE, MoEInfo, expected_fraction_touched,
-                            expert_capacity, moe_from_config)
-from course_lib.routing import DeepSeekV3Router, TopKRouter
+from course_lib.model.block import SwiGLU
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.model.moe import (MoE, MoEInfo, expected_fraction_touched,
+                                  expert_capacity, moe_from_config)
+from course_lib.model.routing import DeepSeekV3Router, TopKRouter
 
 torch.manual_seed(123)
 
@@ -253,9 +253,9 @@ def test_moe_bad_input():
 
 
 def test_empty_and_degenerate_inputs_are_finite():
-    # Probe finding 13: 0 tokens gave aux_loss = nan; an all-zero score row
+    # An input of 0 tokens gave aux_loss = nan; an all-zero score row
     # (valid input for select_top_k) gave NaN gates.
-    from course_lib.routing import select_top_k
+    from course_lib.model.routing import select_top_k
     torch.manual_seed(0)
     m = MoE(8, n_experts=4, top_k=2, d_expert=6)
     out, info = m(torch.zeros(0, 8))
@@ -267,8 +267,8 @@ def test_empty_and_degenerate_inputs_are_finite():
     torch.testing.assert_close(gates, torch.tensor([[2 / 3, 1 / 3]]))
 
 
-# ---- mutation testing (issue 17)
-# Tests added because a mutant of course_lib.moe survived the ones above
+# ---- found by mutation testing: details a mutant could change unseen
+# Tests added because a mutant of course_lib.model.moe survived the ones above
 # (benchmarks/mutation.md, "MoE survivors and why").
 def test_smallest_sizes_are_accepted():
     assert expert_capacity(0, 1, 1, 1.0) == 0           # no tokens, 1 expert
@@ -381,7 +381,7 @@ def test_new_tensors_are_made_on_the_inputs_device(monkeypatch):
 
     def spy(real):
         def factory(*args, **kw):
-            if sys._getframe(1).f_globals.get("__name__") == "course_lib.moe":
+            if sys._getframe(1).f_globals.get("__name__") == "course_lib.model.moe":
                 seen.append((real.__name__, kw.get("device")))
             return real(*args, **kw)
         return factory

@@ -1,4 +1,4 @@
-"""course_lib.moe against Hugging Face's DeepSeek-V3 and Mixtral MoE blocks
+"""course_lib.model.moe against Hugging Face's DeepSeek-V3 and Mixtral MoE blocks
 (test-only reference; skipped without transformers)."""
 import fnmatch
 
@@ -14,8 +14,8 @@ from transformers.models.deepseek_v3 import (  # noqa: E402
 from transformers.models.mixtral import (  # noqa: E402
     modeling_mixtral as hf_mixtral)
 
-from course_lib.moe import MoE, moe_from_config  # noqa: E402
-from course_lib.load_balancing import load_balancing_loss  # noqa: E402
+from course_lib.model.moe import MoE, moe_from_config  # noqa: E402
+from course_lib.model.load_balancing import load_balancing_loss  # noqa: E402
 
 torch.manual_seed(123)
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from course_lib.ngram import NGramModel, ngram_counts
+from course_lib.tasks.ngram import NGramModel, ngram_counts
 
 # "abab" + "ba" over {a: 0, b: 1, c: 2}
 TEXT = torch.tensor([0, 1, 0, 1, 1, 0])

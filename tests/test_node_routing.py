@@ -1,11 +1,12 @@
-"""Chapter 14: cross-node traffic (course_lib.node_routing), against a
+"""Chapter 14: cross-node traffic (course_lib.distributed.node_routing), against a
 loop over tokens and slots.
 """
 import pytest
 import torch
 
-from course_lib.node_routing import cross_node_traffic, expert_nodes
-from course_lib.routing import DeepSeekV3Router
+from course_lib.distributed.node_routing import (cross_node_traffic,
+                                                 expert_nodes)
+from course_lib.model.routing import DeepSeekV3Router
 
 
 def _loop_traffic(indices, token_node, E, n_nodes):

@@ -1,4 +1,4 @@
-"""Chapter 14: the launcher, course_lib.parallel.run.
+"""Chapter 14: the launcher, course_lib.distributed.launch.run.
 
 The distributed tests spawn processes (marked ``distributed``) and give
 each group a timeout, so a bug fails them instead of hanging.
@@ -11,8 +11,9 @@ import types
 import pytest
 import torch
 
-from course_lib import parallel, parallel_checks
-from course_lib.parallel import ParallelError, run
+from course_lib.distributed import launch
+import workers
+from course_lib.distributed.launch import ParallelError, run
 
 
 # ------------------------------------------------------------- launcher
@@ -22,7 +23,7 @@ def test_a_failing_rank_stops_the_group_with_its_error():
     with pytest.raises(ParallelError, match="rank 1 of 2 failed with "
                        "ValueError: deliberate failure on rank 1") as exc:
         # rank 0 waits for rank 1 in an all-reduce that never completes
-        run(parallel_checks.fail_on_rank, 2, 1, timeout=120)
+        run(workers.fail_on_rank, 2, 1, timeout=120)
     assert exc.value.rank == 1
     assert exc.value.original == "ValueError: deliberate failure on rank 1"
     # stopped, not timed out (a wide margin: start-up of two processes
@@ -37,7 +38,7 @@ def test_a_hung_rank_is_stopped_at_the_timeout():
     # longer than the timeout too
     with pytest.raises(ParallelError, match=r"ranks \[0(, 1)?\] did not "
                        r"finish within timeout=6 s \(all ranks stopped\)"):
-        run(parallel_checks.sleep_on_rank, 2, 3600.0, timeout=6)
+        run(workers.sleep_on_rank, 2, 3600.0, timeout=6)
     assert time.monotonic() - start < 60          # not the 3600 s sleep
 
 
@@ -48,7 +49,7 @@ def test_a_port_in_use_is_a_clear_error():
         port = s.getsockname()[1]
         with pytest.raises(ValueError, match=f"port {port} on 127.0.0.1 "
                            "is in use"):
-            run(parallel_checks.sleep_on_rank, 2, 0.0, port=port)
+            run(workers.sleep_on_rank, 2, 0.0, port=port)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -59,7 +60,7 @@ def test_a_port_in_use_is_a_clear_error():
 ])
 def test_run_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        run(parallel_checks.sleep_on_rank, **kwargs)
+        run(workers.sleep_on_rank, **kwargs)
 
 
 def test_run_rejects_a_worker_it_cannot_spawn(monkeypatch):
@@ -79,7 +80,7 @@ def test_run_rejects_a_worker_it_cannot_spawn(monkeypatch):
 
 def test_results_are_detached_cpu_copies():
     w = torch.ones(2, requires_grad=True)
-    out = parallel._to_cpu({"a": [w * 2, (w,)], "n": 3})
+    out = launch._to_cpu({"a": [w * 2, (w,)], "n": 3})
     assert not out["a"][0].requires_grad and out["a"][0].grad_fn is None
     assert isinstance(out["a"][1], tuple) and out["n"] == 3
 
@@ -90,9 +91,9 @@ def test_a_main_without_a_real_file_is_hidden_from_spawn(monkeypatch):
     main = types.ModuleType("__main__")
     main.__file__ = "<stdin>"
     monkeypatch.setitem(sys.modules, "__main__", main)
-    with parallel._spawnable_main():
+    with launch._spawnable_main():
         assert not hasattr(main, "__file__")
     assert main.__file__ == "<stdin>"
     main.__file__ = __file__                      # a real script: kept
-    with parallel._spawnable_main():
+    with launch._spawnable_main():
         assert main.__file__ == __file__

@@ -1,4 +1,4 @@
-"""Chapter 14: the persistent pool, course_lib.parallel_pool.Pool.
+"""Chapter 14: the persistent pool, course_lib.distributed.launch.Pool.
 
 Each distributed test starts its own pool (marked ``distributed``) with a
 timeout, so a bug fails the test instead of hanging it. Start-up gets a
@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from course_lib import parallel_checks
-from course_lib.parallel import ParallelError, run
-from course_lib.parallel_pool import Pool
+import workers
+from course_lib.distributed.launch import ParallelError, run
+from course_lib.distributed.launch import Pool
 
 STARTUP = 90                                    # seconds, start-up only
 
@@ -42,14 +42,14 @@ def _gone(pids, within: float = 10.0) -> bool:
 
 @pytest.mark.distributed
 def test_pool_results_equal_run_and_the_ranks_are_reused():
-    expected = run(parallel_checks.check_expert_parallel, 2, 0,
+    expected = run(workers.check_expert_parallel, 2, 0,
                    timeout=STARTUP)
     with Pool(2, timeout=STARTUP) as pool:
         pids = pool.pids
-        first = pool.run(parallel_checks.check_expert_parallel, 0)
+        first = pool.run(workers.check_expert_parallel, 0)
         # a second experiment in the same processes and process group
-        again = pool.run(parallel_checks.check_expert_parallel, 0)
-        assert pool.run(parallel_checks.sleep_on_rank, 0.0) == [0, 1]
+        again = pool.run(workers.check_expert_parallel, 0)
+        assert pool.run(workers.sleep_on_rank, 0.0) == [0, 1]
         assert pool.pids == pids and all(_alive(p) for p in pids)
         # an interrupted cell (Ctrl-C while waiting) stops the ranks
 
@@ -57,7 +57,7 @@ def test_pool_results_equal_run_and_the_ranks_are_reused():
             raise KeyboardInterrupt
         pool._collect = interrupted
         with pytest.raises(KeyboardInterrupt):
-            pool.run(parallel_checks.sleep_on_rank, 0.0)
+            pool.run(workers.sleep_on_rank, 0.0)
         assert pool.closed
     for got in (first, again):
         for rank in range(2):
@@ -81,13 +81,13 @@ def test_a_failing_rank_closes_the_pool_with_its_traceback():
                        r"ValueError: deliberate failure on rank 1 \(pool "
                        r"closed") as exc:
         # rank 0 waits in an all-reduce for rank 1, which raises
-        pool.run(parallel_checks.fail_on_rank, 1, timeout=20)
+        pool.run(workers.fail_on_rank, 1, timeout=20)
     assert time.monotonic() - start < 15          # stopped, not timed out
     assert exc.value.rank == 1
     assert "Traceback" in str(exc.value) and "fail_on_rank" in str(exc.value)
     assert pool.closed and _gone(pids)
     with pytest.raises(ParallelError, match="this Pool is closed"):
-        pool.run(parallel_checks.sleep_on_rank, 0.0)
+        pool.run(workers.sleep_on_rank, 0.0)
 
 
 @pytest.mark.distributed
@@ -97,7 +97,7 @@ def test_a_hung_call_times_out_and_closes_the_pool():
         start = time.monotonic()
         with pytest.raises(ParallelError, match=r"ranks \[0\] did not "
                            r"finish call 1 within timeout=2 s"):
-            pool.run(parallel_checks.sleep_on_rank, 3600.0, timeout=2)
+            pool.run(workers.sleep_on_rank, 3600.0, timeout=2)
         assert time.monotonic() - start < 10
         assert pool.closed and _gone(pids)
 
@@ -108,7 +108,7 @@ def test_ranks_exit_when_the_parent_is_killed(tmp_path):
     parent and exit on their own."""
     script = textwrap.dedent("""
         import os, sys, time
-        from course_lib.parallel_pool import Pool
+        from course_lib.distributed.launch import Pool
         pool = Pool(2, timeout=90)
         print(*pool.pids, flush=True)
         time.sleep(3600)

@@ -1,5 +1,5 @@
-"""Tests for course_lib.params, course_lib.model_configs and
-course_lib.build (chapter 12).
+"""Tests for course_lib.sizing.params, course_lib.sizing.configs and
+course_lib.sizing.from_config (chapter 12).
 
 References: the published figures, closed forms written out by hand, and
 ``sum(p.numel())`` of the course_lib model built from shrunken configs.
@@ -11,16 +11,16 @@ import math
 import pytest
 import torch
 
-from course_lib.model_configs import (DEEPSEEK_V3, GPT2_SMALL, KIMI_K2,
-                                      LLAMA2_7B, MIXTRAL_8X7B, PUBLISHED,
-                                      ModelConfig)
-from course_lib.build import build_small_model
-from course_lib.params import (BYTES_PER_PARAM, attention_params,
-                               count_parameters,
-                               dense_ffn_params, embedding_params,
-                               expert_params, lm_head_params,
-                               mla_attention_params, moe_layer_params,
-                               mtp_params, norm_params, weights_bytes)
+from course_lib.sizing.configs import (DEEPSEEK_V3, GPT2_SMALL, KIMI_K2,
+                                       LLAMA2_7B, MIXTRAL_8X7B, PUBLISHED,
+                                       ModelConfig)
+from course_lib.sizing.from_config import build_small_model
+from course_lib.sizing.params import (BYTES_PER_PARAM, attention_params,
+                                      count_parameters, dense_ffn_params,
+                                      embedding_params, expert_params,
+                                      lm_head_params, mla_attention_params,
+                                      moe_layer_params, mtp_params,
+                                      norm_params, weights_bytes)
 
 torch.manual_seed(123)
 
@@ -228,7 +228,7 @@ def test_rope_base_reaches_the_built_model():
 
 def test_yarn_scaling_reaches_the_built_mla():
     # DeepSeek-V3's released YaRN: softmax scale 1/sqrt(192) on the full
-    # config, times mscale^2 = (0.1 ln 40 + 1)^2 = 1.8739 (issue text)
+    # config, times mscale^2 = (0.1 ln 40 + 1)^2 = 1.8739
     assert DEEPSEEK_V3.rope_scaling == {
         "type": "yarn", "factor": 40,
         "original_max_position_embeddings": 4096, "beta_fast": 32,
@@ -315,7 +315,7 @@ def test_config_views():
     (dict(published_total=-5), "published_total must be >= 1, got -5"),
 ])
 def test_configs_that_would_miscount_are_rejected(overrides, match):
-    # Probe finding 15: each of these built a config whose parameter
+    # Each of these built a config whose parameter
     # count was silently wrong (e.g. "swiglu" counted as a 2-matrix MLP).
     base = dict(name="t", vocab_size=10, hidden_size=8, num_hidden_layers=2,
                 num_attention_heads=2, intermediate_size=16)

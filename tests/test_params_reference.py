@@ -1,4 +1,4 @@
-"""course_lib.params against transformers (test-only reference).
+"""course_lib.sizing.params against transformers (test-only reference).
 
 Models are built on the meta device (shapes, no memory), so even the
 1T-parameter Kimi K2 takes a fraction of a second. Parameters only:
@@ -12,10 +12,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from course_lib.model_configs import (DEEPSEEK_V3, GPT2_SMALL,  # noqa: E402
-                                      KIMI_K2, LLAMA2_7B, MIXTRAL_8X7B,
-                                      ModelConfig)
-from course_lib.params import count_parameters  # noqa: E402
+from course_lib.sizing.configs import (DEEPSEEK_V3, GPT2_SMALL, KIMI_K2,  # noqa: E402
+                                       LLAMA2_7B, MIXTRAL_8X7B, ModelConfig)
+from course_lib.sizing.params import count_parameters  # noqa: E402
 
 torch.manual_seed(123)
 

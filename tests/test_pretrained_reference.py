@@ -11,7 +11,7 @@ import regex
 import torch
 
 from smollm2_support import needs_weights
-from course_lib.decoding import generate
+from course_lib.generation.decoding import generate
 from test_tokenizer import CORPUS
 
 pytest.importorskip("transformers")
@@ -32,7 +32,7 @@ def test_same_weights_as_transformers(smollm2, hf_smollm2):
     model, _ = smollm2
     hf, _ = hf_smollm2
     ours, theirs = model.state_dict(), hf.state_dict()
-    from course_lib.pretrained import NAME_TABLE
+    from course_lib.pretrained.smollm2 import NAME_TABLE
     for i in (0, 29):
         for _, name, hf_name in NAME_TABLE[1:-2]:
             assert torch.equal(ours[name.format(i=i)],

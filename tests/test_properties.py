@@ -1,4 +1,4 @@
-"""Property-based tests of the public API's bad-input contract (issue 13).
+"""Property-based tests of the public API's bad-input contract.
 
 The contract (CONTRIBUTING): given any input, a public function returns a
 finite, correct result, or raises a ``ValueError``/``TypeError`` whose
@@ -12,14 +12,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from course_lib import sampling as S
-from course_lib.attention import fused_attention, scaled_dot_product_attention
-from course_lib.exercises import parse_number
-from course_lib.layers import RMSNorm
-from course_lib.masking import causal_mask, padding_mask
-from course_lib.mha import MultiHeadAttention
-from course_lib.positional import apply_rope
-from course_lib.routing import select_top_k
+from course_lib.generation import sampling
+from course_lib.model.attention import (fused_attention,
+                                        scaled_dot_product_attention)
+from course_lib.notebook.exercises import parse_number
+from course_lib.model.block import RMSNorm
+from course_lib.model.masks import causal_mask, padding_mask
+from course_lib.model.mha import MultiHeadAttention
+from course_lib.model.rope import apply_rope
+from course_lib.model.routing import select_top_k
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -59,7 +60,7 @@ def test_sampling_distribution_is_a_distribution_or_an_error(
         v, data, dtype, temperature, top_k, top_p):
     logits = data.draw(tensors((2, v), dtype=dtype))
     p = raises_naming(
-        lambda: S.sampling_distribution(logits, temperature=temperature,
+        lambda: sampling.sampling_distribution(logits, temperature=temperature,
                                         top_k=top_k, top_p=top_p),
         ["logits", "temperature", "top_k", "top_p"])
     if p is None:

@@ -1,4 +1,4 @@
-"""Tests for course_lib.recall (chapter 1): the recall task and its models.
+"""Tests for course_lib.experiments.recall (chapter 1): the recall task and its models.
 
 References: torch's scaled_dot_product_attention for the attention
 recaller, an oracle and a constant model for the accuracy, bit-equality
@@ -7,10 +7,10 @@ with the plain AdamW loop that chapter 1 used before the shared loop.
 import pytest
 import torch
 
-from course_lib.recall import (AttentionRecaller, RNNRecaller,
-                               make_recall_batch, recall_accuracy,
-                               train_recall)
-from course_lib.threads import small_ops
+from course_lib.experiments.recall import (AttentionRecaller, RNNRecaller,
+                                           make_recall_batch, recall_accuracy,
+                                           train_recall)
+from course_lib._util.threads import small_ops
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Return types that do not change with flags (issue 17).
+"""Return types that do not change with flags.
 
 A call returns one type, whatever its options: ``forward`` returns the
 output tensor, and a sibling named for what it adds
@@ -14,26 +14,27 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib.attention import fused_attention, scaled_dot_product_attention
-from course_lib.blocks import DecoderLayer
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.head_analysis import TinyAttentionModel
-from course_lib.heads import repeat_kv
-from course_lib.interpret import attention_maps
-from course_lib.layers import SwiGLU
-from course_lib.masking import causal_mask, padding_mask
-from course_lib.mha import MultiHeadAttention
-from course_lib.mla import MultiHeadLatentAttention
-from course_lib.mla_config import MLAConfig
-from course_lib.moe import MoE
-from course_lib.transformer import Transformer, TransformerConfig
+from course_lib.model.attention import (fused_attention,
+                                        scaled_dot_product_attention)
+from course_lib.model.transformer import DecoderLayer
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.experiments.head_analysis import TinyAttentionModel
+from course_lib.model.mha import repeat_kv
+from course_lib.experiments.interpret import attention_maps
+from course_lib.model.block import SwiGLU
+from course_lib.model.masks import causal_mask, padding_mask
+from course_lib.model.mha import MultiHeadAttention
+from course_lib.model.mla import MultiHeadLatentAttention
+from course_lib.model.mla import MLAConfig
+from course_lib.model.moe import MoE
+from course_lib.model.transformer import Transformer, TransformerConfig
 
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
 
 
 def test_no_function_takes_a_return_flag():
     flags = []
-    for path in sorted(LIB.glob("*.py")):
+    for path in sorted(LIB.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                     and not node.name.startswith("_"):     # public API

@@ -1,4 +1,4 @@
-"""Tests for course_lib.rnn (chapter 1)."""
+"""Tests for course_lib.experiments.rnn (chapter 1)."""
 import math
 
 import matplotlib
@@ -8,10 +8,12 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from course_lib.rnn import (  # noqa: E402
-    SimpleRNN, TimingResult, draw_seq2seq, gradient_norm_vs_distance,
-    matmul_flops, max_path_length, recurrence_and_attention,
-    set_recurrent_scale, time_recurrence_vs_attention)
+from course_lib.experiments.rnn import (SimpleRNN, draw_seq2seq,  # noqa: E402
+                                        gradient_norm_vs_distance,
+                                        max_path_length, set_recurrent_scale)
+from course_lib.experiments.sequential_cost import (TimingResult, matmul_flops,  # noqa: E402
+                                                    recurrence_and_attention,
+                                                    time_recurrence_vs_attention)
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,12 @@
-"""Tests for course_lib.routing (chapter 11)."""
+"""Tests for course_lib.model.routing (chapter 11)."""
 import itertools
 
 import pytest
 import torch
 
-from course_lib.load_balancing import expert_load
-from course_lib.routing import (DeepSeekV3Router, Routing, TopKRouter,
-                                group_limited_mask, select_top_k)
+from course_lib.model.load_balancing import expert_load
+from course_lib.model.routing import (DeepSeekV3Router, Routing, TopKRouter,
+                                      group_limited_mask, select_top_k)
 
 torch.manual_seed(123)
 
@@ -204,7 +204,7 @@ def test_router_update_bias_in_place_rebalances():
 
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.routing survived the ones above.
+# Tests added because a mutant of course_lib.model.routing survived the ones above.
 def _v3_with_scores(s, **kw):
     """A V3 router whose sigmoid affinities for the one-hot token e_0 are
     ``s``: d_model = 1, weight = logit(s)."""
@@ -287,7 +287,7 @@ def test_group_limited_mask_one_expert_per_group_and_device(device_spy):
     keep = group_limited_mask(s, n_group=4, topk_group=2)
     assert keep.tolist() == [[False, True, False, True]]
     # the mask is built on the scores' device (a spy: only a CPU here)
-    import course_lib.routing as R
+    from course_lib.model import routing as R
     asked = device_spy(R, "zeros")
     group_limited_mask(s, n_group=2, topk_group=1)
     assert asked == [s.device]

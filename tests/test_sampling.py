@@ -1,11 +1,11 @@
-"""Tests for course_lib.sampling (chapter 8)."""
+"""Tests for course_lib.generation.sampling (chapter 8)."""
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import sampling as S
+from course_lib.generation import sampling
 
 INF = float("-inf")
 
@@ -63,18 +63,18 @@ def random_logits(shape, *, ties: bool) -> torch.Tensor:
 def test_temperature_divides_logits():
     z = torch.randn(4, 7)
     for T in (0.3, 1.0, 2.5):
-        torch.testing.assert_close(S.apply_temperature(z, T), z / T)
+        torch.testing.assert_close(sampling.apply_temperature(z, T), z / T)
 
 
 def test_temperature_limits():
     z = torch.tensor([2.0, 1.0, 0.5, -1.0])
-    hot = F.softmax(S.apply_temperature(z, 1e4), dim=-1)
+    hot = F.softmax(sampling.apply_temperature(z, 1e4), dim=-1)
     torch.testing.assert_close(hot, torch.full((4,), 0.25), atol=1e-3,
                                rtol=0)
-    cold = F.softmax(S.apply_temperature(z, 1e-3), dim=-1)
+    cold = F.softmax(sampling.apply_temperature(z, 1e-3), dim=-1)
     torch.testing.assert_close(cold, torch.tensor([1.0, 0, 0, 0]))
     # T = 0 is the limit itself; ties go to the lowest index like argmax
-    zero = F.softmax(S.apply_temperature(torch.tensor([1.0, 3.0, 3.0]), 0),
+    zero = F.softmax(sampling.apply_temperature(torch.tensor([1.0, 3.0, 3.0]), 0),
                      dim=-1)
     assert zero.tolist() == [0.0, 1.0, 0.0]
 
@@ -84,7 +84,7 @@ def test_entropy_increases_with_temperature():
     temps = [0.1, 0.3, 0.5, 1.0, 2.0, 5.0, 20.0]
     ents = []
     for T in temps:
-        p = F.softmax(S.apply_temperature(z, T), dim=-1)
+        p = F.softmax(sampling.apply_temperature(z, T), dim=-1)
         ents.append(-(p * p.clamp_min(1e-30).log()).sum(-1))
     for a, b in zip(ents, ents[1:]):
         assert torch.all(b >= a - 1e-5)
@@ -97,7 +97,7 @@ def test_top_k_matches_reference(ties):
     for _ in range(30):
         z = random_logits((5, 11), ties=ties)
         for k in (1, 2, 3, 7, 11, 50):
-            out = S.top_k_filter(z, k)
+            out = sampling.top_k_filter(z, k)
             want = [ref_top_k(row, k) for row in z.tolist()]
             assert kept(out) == want
             # kept logits are unchanged
@@ -107,9 +107,9 @@ def test_top_k_matches_reference(ties):
 
 def test_top_k_ties_keep_all_tied_and_any_shape():
     z = torch.tensor([3.0, 2.0, 2.0, 1.0])
-    assert kept(S.top_k_filter(z, 2)) == [[True, True, True, False]]
+    assert kept(sampling.top_k_filter(z, 2)) == [[True, True, True, False]]
     z3 = torch.randn(2, 3, 9)
-    out = S.top_k_filter(z3, 4)
+    out = sampling.top_k_filter(z3, 4)
     assert out.shape == z3.shape
     assert torch.all((out > INF).sum(-1) == 4)
 
@@ -121,7 +121,7 @@ def test_top_p_matches_reference(ties):
     for _ in range(25):
         z = random_logits((4, 9), ties=ties)
         for p in (1e-6, 0.1, 0.3, 0.5, 0.75, 0.9, 0.99):
-            out = S.top_p_filter(z, p)
+            out = sampling.top_p_filter(z, p)
             got = kept(out)
             for row, g in zip(z.tolist(), got):
                 want, gap = ref_top_p(row, p)
@@ -139,8 +139,8 @@ def test_top_p_any_leading_shape_equals_row_by_row():
     # input, would mix rows)
     z3 = torch.randn(2, 3, 9)
     for p in (0.3, 0.8):
-        out = S.top_p_filter(z3, p)
-        rows = torch.stack([S.top_p_filter(row, p)
+        out = sampling.top_p_filter(z3, p)
+        rows = torch.stack([sampling.top_p_filter(row, p)
                             for row in z3.reshape(-1, 9)]).reshape(2, 3, 9)
         assert torch.equal(out, rows)
         assert (out > INF).sum() < z3.numel()             # it filters
@@ -160,25 +160,25 @@ def test_top_p_boundary_is_strict():
     order = [2, 0, 3, 1]                                 # unsorted input
     z = z[order]
     # mass before token 1 is 1/2, before token 2 (and its tie) 3/4
-    assert kept(S.top_p_filter(z, 0.5)) == [[False, True, False, False]]
-    assert kept(S.top_p_filter(z, 0.75)) == [[False, True, False, True]]
+    assert kept(sampling.top_p_filter(z, 0.5)) == [[False, True, False, False]]
+    assert kept(sampling.top_p_filter(z, 0.75)) == [[False, True, False, True]]
     # just above those sums the next token crosses into the nucleus
-    assert kept(S.top_p_filter(z, 0.5 + 2 ** -40)) == \
+    assert kept(sampling.top_p_filter(z, 0.5 + 2 ** -40)) == \
         [[False, True, False, True]]
-    assert kept(S.top_p_filter(z, 0.75 + 2 ** -40)) == [[True] * 4]
+    assert kept(sampling.top_p_filter(z, 0.75 + 2 ** -40)) == [[True] * 4]
 
 
 def test_top_p_mass_rule_and_crossing_token_kept():
     z = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     # 0.5 < 0.6, 0.5 + 0.3 >= 0.6: the token that crosses p is kept
-    assert kept(S.top_p_filter(z, 0.6)) == [[True, True, False, False]]
-    assert kept(S.top_p_filter(z, 0.5)) == [[True, False, False, False]]
-    assert kept(S.top_p_filter(z, 0.81)) == [[True, True, True, False]]
+    assert kept(sampling.top_p_filter(z, 0.6)) == [[True, True, False, False]]
+    assert kept(sampling.top_p_filter(z, 0.5)) == [[True, False, False, False]]
+    assert kept(sampling.top_p_filter(z, 0.81)) == [[True, True, True, False]]
     # characterisation: keep iff mass of strictly likelier tokens < p
     zr = torch.randn(6, 13)
     probs = F.softmax(zr.double(), -1)
     for p in (0.2, 0.6, 0.95):
-        out = kept(S.top_p_filter(zr, p))
+        out = kept(sampling.top_p_filter(zr, p))
         for b in range(6):
             for i in range(13):
                 above = probs[b][zr[b] > zr[b, i]].sum().item()
@@ -187,18 +187,18 @@ def test_top_p_mass_rule_and_crossing_token_kept():
 
 def test_top_p_one_is_identity_and_one_token_survives():
     z = torch.tensor([[0.0, -1000.0, 5.0, INF], [1.0, 1.0, 1.0, 1.0]])
-    assert torch.equal(S.top_p_filter(z, 1.0), z)
-    tiny = S.top_p_filter(torch.randn(50, 30), 1e-12)
+    assert torch.equal(sampling.top_p_filter(z, 1.0), z)
+    tiny = sampling.top_p_filter(torch.randn(50, 30), 1e-12)
     assert torch.all((tiny > INF).sum(-1) == 1)
     # a tie for first place keeps both
-    assert kept(S.top_p_filter(torch.tensor([2.0, 2.0, 0.0]), 0.1)) == \
+    assert kept(sampling.top_p_filter(torch.tensor([2.0, 2.0, 0.0]), 0.1)) == \
         [[True, True, False]]
 
 
 def test_top_p_accepts_already_filtered_logits():
     z = torch.randn(3, 10)
-    zk = S.top_k_filter(z, 4)
-    out = S.top_p_filter(zk, 0.7)
+    zk = sampling.top_k_filter(z, 4)
+    out = sampling.top_p_filter(zk, 0.7)
     assert torch.all((out > INF) <= (zk > INF))
     assert not torch.isnan(F.softmax(out, -1)).any()
 
@@ -207,26 +207,26 @@ def test_top_p_accepts_already_filtered_logits():
 def test_sampling_distribution_order_and_normalisation():
     z = torch.randn(4, 12)
     T, k, p = 0.7, 6, 0.8
-    manual = F.softmax(S.top_p_filter(S.top_k_filter(z / T, k), p), -1)
-    got = S.sampling_distribution(z, temperature=T, top_k=k, top_p=p)
+    manual = F.softmax(sampling.top_p_filter(sampling.top_k_filter(z / T, k), p), -1)
+    got = sampling.sampling_distribution(z, temperature=T, top_k=k, top_p=p)
     torch.testing.assert_close(got, manual)
     torch.testing.assert_close(got.sum(-1), torch.ones(4))
     # no filters: plain softmax of z / T
-    torch.testing.assert_close(S.sampling_distribution(z, temperature=T),
+    torch.testing.assert_close(sampling.sampling_distribution(z, temperature=T),
                                F.softmax(z / T, -1))
 
 
 def test_order_matters_for_top_p_not_top_k():
     z = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
-    k_then_p = kept(S.top_p_filter(S.top_k_filter(z, 3), 0.75))
-    p_then_k = kept(S.top_k_filter(S.top_p_filter(z, 0.75), 3))
+    k_then_p = kept(sampling.top_p_filter(sampling.top_k_filter(z, 3), 0.75))
+    p_then_k = kept(sampling.top_k_filter(sampling.top_p_filter(z, 0.75), 3))
     assert k_then_p == [[True, True, False, False]]
     assert p_then_k == [[True, True, True, False]]
     # temperature before top-p changes the nucleus; before top-k it cannot
-    t_first = kept(S.top_p_filter(S.apply_temperature(z, 0.5), 0.75))
-    assert t_first != kept(S.top_p_filter(z, 0.75))
+    t_first = kept(sampling.top_p_filter(sampling.apply_temperature(z, 0.5), 0.75))
+    assert t_first != kept(sampling.top_p_filter(z, 0.75))
     zr = torch.randn(5, 9)
-    assert kept(S.top_k_filter(zr / 3.0, 4)) == kept(S.top_k_filter(zr, 4))
+    assert kept(sampling.top_k_filter(zr / 3.0, 4)) == kept(sampling.top_k_filter(zr, 4))
 
 
 # ------------------------------------------------------------- sample_next
@@ -245,9 +245,9 @@ def test_sample_frequencies_match_filtered_distribution(settings):
     z = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0])
     n = 40_000
     gen = torch.Generator().manual_seed(7)
-    draws = S.sample_next(z.expand(n, -1), generator=gen, **settings)
+    draws = sampling.sample_next(z.expand(n, -1), generator=gen, **settings)
     counts = torch.bincount(draws, minlength=8).double()
-    probs = S.sampling_distribution(z, **settings).double()
+    probs = sampling.sampling_distribution(z, **settings).double()
     support = probs > 0
     assert counts[~support].sum() == 0      # filtered tokens never appear
     expected = n * probs[support]
@@ -261,23 +261,23 @@ def test_temperature_zero_is_argmax_and_uses_no_randomness():
     gen = torch.Generator().manual_seed(0)
     state = gen.get_state()
     for kw in ({}, {"top_k": 3}, {"top_p": 0.5}):
-        out = S.sample_next(z, temperature=0, generator=gen, **kw)
+        out = sampling.sample_next(z, temperature=0, generator=gen, **kw)
         assert torch.equal(out, z.argmax(-1))
     assert torch.equal(gen.get_state(), state)
     ties = torch.tensor([0.0, 4.0, 4.0])
-    assert S.sample_next(ties, temperature=0).item() == 1
+    assert sampling.sample_next(ties, temperature=0).item() == 1
 
 
 def test_sample_next_shapes_and_seeding():
     z = torch.randn(5, 10)
-    a = S.sample_next(z, generator=torch.Generator().manual_seed(3))
-    b = S.sample_next(z, generator=torch.Generator().manual_seed(3))
+    a = sampling.sample_next(z, generator=torch.Generator().manual_seed(3))
+    b = sampling.sample_next(z, generator=torch.Generator().manual_seed(3))
     assert a.shape == (5,) and a.dtype == torch.int64
     assert torch.equal(a, b)
-    one = S.sample_next(z[0], generator=torch.Generator().manual_seed(3))
+    one = sampling.sample_next(z[0], generator=torch.Generator().manual_seed(3))
     assert one.shape == () and 0 <= one.item() < 10
     with pytest.raises(ValueError, match="logits must have shape"):
-        S.sample_next(torch.randn(2, 3, 4))
+        sampling.sample_next(torch.randn(2, 3, 4))
 
 
 # ---------------------------------------------------------------- generate
@@ -301,9 +301,9 @@ def test_generate_is_deterministic_and_matches_manual_loop():
     model = Bigram(table)
     prompt = torch.tensor([[0, 3], [5, 1]])
     kw = {"temperature": 0.9, "top_k": 4, "top_p": 0.9}
-    a = S.generate(model, prompt, 12,
+    a = sampling.generate(model, prompt, 12,
                    generator=torch.Generator().manual_seed(1), **kw)
-    b = S.generate(model, prompt, 12,
+    b = sampling.generate(model, prompt, 12,
                    generator=torch.Generator().manual_seed(1), **kw)
     assert a.shape == (2, 14) and torch.equal(a, b)
     assert torch.equal(a[:, :2], prompt)
@@ -311,17 +311,17 @@ def test_generate_is_deterministic_and_matches_manual_loop():
     gen = torch.Generator().manual_seed(1)
     seq = prompt.clone()
     for _ in range(12):
-        nxt = S.sample_next(table[seq[:, -1]], generator=gen, **kw)
+        nxt = sampling.sample_next(table[seq[:, -1]], generator=gen, **kw)
         seq = torch.cat([seq, nxt[:, None]], 1)
     assert torch.equal(a, seq)
-    c = S.generate(model, prompt, 12,
+    c = sampling.generate(model, prompt, 12,
                    generator=torch.Generator().manual_seed(2), **kw)
     assert not torch.equal(a, c)
 
 
 def test_generate_greedy_follows_argmax_chain():
     table = torch.randn(7, 7)
-    out = S.generate(Bigram(table), torch.tensor([2]), 10, temperature=0)
+    out = sampling.generate(Bigram(table), torch.tensor([2]), 10, temperature=0)
     assert out.shape == (11,)
     x = 2
     for t in range(1, 11):
@@ -332,29 +332,29 @@ def test_generate_greedy_follows_argmax_chain():
 def test_generate_crops_to_max_len_and_restores_mode():
     model = Bigram(torch.randn(5, 5), max_len=4)
     model.train()
-    out = S.generate(model, torch.zeros(1, 2, dtype=torch.long), 6,
+    out = sampling.generate(model, torch.zeros(1, 2, dtype=torch.long), 6,
                      generator=torch.Generator().manual_seed(0))
     assert out.shape == (1, 8)
     assert model.seen_lengths == [2, 3, 4, 4, 4, 4]
     assert model.training
     model.seen_lengths.clear()
-    S.generate(model, torch.zeros(1, 2, dtype=torch.long), 3, max_len=2)
+    sampling.generate(model, torch.zeros(1, 2, dtype=torch.long), 3, max_len=2)
     assert model.seen_lengths == [2, 2, 2]
-    assert S.generate(model, torch.tensor([1, 2]), 0).tolist() == [1, 2]
+    assert sampling.generate(model, torch.tensor([1, 2]), 0).tolist() == [1, 2]
 
 
 def test_generate_rejects_bad_input():
     model = Bigram(torch.randn(5, 5))
     with pytest.raises(ValueError, match="prompt_ids must be an integer"):
-        S.generate(model, torch.zeros(1, 3), 2)
+        sampling.generate(model, torch.zeros(1, 3), 2)
     with pytest.raises(ValueError, match="prompt_ids must have shape"):
-        S.generate(model, torch.zeros(1, 0, dtype=torch.long), 2)
+        sampling.generate(model, torch.zeros(1, 0, dtype=torch.long), 2)
     with pytest.raises(ValueError, match="max_new_tokens must be .* got -1"):
-        S.generate(model, torch.zeros(1, 3, dtype=torch.long), -1)
+        sampling.generate(model, torch.zeros(1, 3, dtype=torch.long), -1)
     with pytest.raises(ValueError, match="max_len must be .* got 0"):
-        S.generate(model, torch.zeros(1, 3, dtype=torch.long), 2, max_len=0)
+        sampling.generate(model, torch.zeros(1, 3, dtype=torch.long), 2, max_len=0)
     with pytest.raises(ValueError, match="model must return logits"):
-        S.generate(lambda x: x.float(), torch.zeros(1, 3, dtype=torch.long),
+        sampling.generate(lambda x: x.float(), torch.zeros(1, 3, dtype=torch.long),
                    1)
 
 
@@ -366,42 +366,42 @@ def test_sequence_log_prob_matches_bigram_sum():
         want = torch.tensor([
             sum(logp[r[t - 1], r[t]].item() for t in range(prompt_len, 5))
             for r in ids.tolist()], dtype=torch.float64)
-        got = S.sequence_log_prob(Bigram(table), ids, prompt_len=prompt_len)
+        got = sampling.sequence_log_prob(Bigram(table), ids, prompt_len=prompt_len)
         torch.testing.assert_close(got, want)
-    one = S.sequence_log_prob(Bigram(table), ids[0])
+    one = sampling.sequence_log_prob(Bigram(table), ids[0])
     assert one.shape == ()
     with pytest.raises(ValueError, match="prompt_len must be .* got 6"):
-        S.sequence_log_prob(Bigram(table), ids, prompt_len=6)
+        sampling.sequence_log_prob(Bigram(table), ids, prompt_len=6)
 
 
 def test_default_temperature_is_one():
     # no argument = the model's own distribution, softmax(z), unscaled
     z = torch.randn(4, 7)
-    torch.testing.assert_close(S.sampling_distribution(z), F.softmax(z, -1),
+    torch.testing.assert_close(sampling.sampling_distribution(z), F.softmax(z, -1),
                                atol=1e-7, rtol=0)
-    a = S.sample_next(z, generator=torch.Generator().manual_seed(5))
-    b = S.sample_next(z, temperature=1.0,
+    a = sampling.sample_next(z, generator=torch.Generator().manual_seed(5))
+    b = sampling.sample_next(z, temperature=1.0,
                       generator=torch.Generator().manual_seed(5))
-    c = S.sample_next(z * 0.5, temperature=0.5,
+    c = sampling.sample_next(z * 0.5, temperature=0.5,
                       generator=torch.Generator().manual_seed(5))
     assert torch.equal(a, b) and torch.equal(a, c)
 
 
 # --------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call, match", [
-    (lambda z: S.apply_temperature(z, -0.5), "temperature must be .* -0.5"),
-    (lambda z: S.apply_temperature(z, float("inf")), "temperature must be"),
-    (lambda z: S.sample_next(z, temperature=-1), "temperature must be .*-1"),
-    (lambda z: S.top_k_filter(z, 0), "top_k must be >= 1, got 0"),
-    (lambda z: S.top_k_filter(z, 2.5), "top_k must be an int, got float 2.5"),
-    (lambda z: S.sample_next(z, top_k=-3), "top_k must be .* got -3"),
-    (lambda z: S.top_p_filter(z, 0.0), r"top_p must be > 0, got 0.0"),
-    (lambda z: S.top_p_filter(z, 1.5), r"top_p must be .* got 1.5"),
-    (lambda z: S.sample_next(z, top_p=-0.1), r"top_p must be .* -0.1"),
-    (lambda z: S.top_p_filter(z, True), r"top_p must be a real number, got bool True"),
-    (lambda z: S.top_p_filter(z, "0.5"), r"top_p must be a real number, got str '0.5'"),
-    (lambda z: S.top_k_filter(z.long(), 2), "logits must be a floating"),
-    (lambda z: S.top_p_filter(z.tolist(), 0.5), "logits must be a torch"),
+    (lambda z: sampling.apply_temperature(z, -0.5), "temperature must be .* -0.5"),
+    (lambda z: sampling.apply_temperature(z, float("inf")), "temperature must be"),
+    (lambda z: sampling.sample_next(z, temperature=-1), "temperature must be .*-1"),
+    (lambda z: sampling.top_k_filter(z, 0), "top_k must be >= 1, got 0"),
+    (lambda z: sampling.top_k_filter(z, 2.5), "top_k must be an int, got float 2.5"),
+    (lambda z: sampling.sample_next(z, top_k=-3), "top_k must be .* got -3"),
+    (lambda z: sampling.top_p_filter(z, 0.0), r"top_p must be > 0, got 0.0"),
+    (lambda z: sampling.top_p_filter(z, 1.5), r"top_p must be .* got 1.5"),
+    (lambda z: sampling.sample_next(z, top_p=-0.1), r"top_p must be .* -0.1"),
+    (lambda z: sampling.top_p_filter(z, True), r"top_p must be a real number, got bool True"),
+    (lambda z: sampling.top_p_filter(z, "0.5"), r"top_p must be a real number, got str '0.5'"),
+    (lambda z: sampling.top_k_filter(z.long(), 2), "logits must be a floating"),
+    (lambda z: sampling.top_p_filter(z.tolist(), 0.5), "logits must be a torch"),
 ])
 def test_bad_arguments_raise(call, match):
     with pytest.raises(ValueError, match=match):
@@ -410,9 +410,9 @@ def test_bad_arguments_raise(call, match):
 
 def test_bad_logit_values_raise():
     with pytest.raises(ValueError, match="NaN"):
-        S.sample_next(torch.tensor([0.0, float("nan")]))
+        sampling.sample_next(torch.tensor([0.0, float("nan")]))
     with pytest.raises(ValueError, match="at least one entry above -inf"):
-        S.sampling_distribution(torch.tensor([[0.0, 1.0], [INF, INF]]))
+        sampling.sampling_distribution(torch.tensor([[0.0, 1.0], [INF, INF]]))
 
 
 @pytest.mark.parametrize("dtype, logits, T", [
@@ -422,27 +422,27 @@ def test_bad_logit_values_raise():
     (torch.bfloat16, [3.0, 2.0, 1.0], 1e-30),
 ])
 def test_tiny_temperature_is_near_greedy_not_nan(dtype, logits, T):
-    # Probe finding 4: z / T overflowed to inf and softmax gave NaN.
+    # With a tiny T, z / T overflowed to inf and softmax gave NaN.
     z = torch.tensor(logits, dtype=dtype)
-    p = S.sampling_distribution(z, temperature=T)
+    p = sampling.sampling_distribution(z, temperature=T)
     assert torch.isfinite(p).all()
     torch.testing.assert_close(p.double(), torch.tensor([1.0, 0.0, 0.0],
                                                         dtype=torch.float64))
-    assert S.sample_next(z, temperature=T).item() == 0
+    assert sampling.sample_next(z, temperature=T).item() == 0
 
 
 def test_temperature_in_half_precision_matches_float64():
     z = torch.tensor([[2.0, 1.0, -1.0, 0.5]], dtype=torch.float16)
-    p = S.sampling_distribution(z, temperature=0.7)
+    p = sampling.sampling_distribution(z, temperature=0.7)
     ref = torch.softmax(z.double() / 0.7, dim=-1)
     torch.testing.assert_close(p.double(), ref, atol=1e-6, rtol=1e-6)
 
 
 def test_positive_infinite_logits_are_rejected():
-    # Probe finding 5: +inf passed through and softmax returned NaN.
+    # A +inf logit passed through and softmax returned NaN.
     z = torch.tensor([float("inf"), 0.0])
-    for call in (lambda: S.sampling_distribution(z),
-                 lambda: S.sample_next(z), lambda: S.apply_temperature(z, 1.0),
-                 lambda: S.top_k_filter(z, 1)):
+    for call in (lambda: sampling.sampling_distribution(z),
+                 lambda: sampling.sample_next(z), lambda: sampling.apply_temperature(z, 1.0),
+                 lambda: sampling.top_k_filter(z, 1)):
         with pytest.raises(ValueError, match=r"logits must not contain \+inf"):
             call()

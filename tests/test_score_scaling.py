@@ -1,4 +1,4 @@
-"""Tests for course_lib.score_scaling (chapter 3): why the scores are
+"""Tests for course_lib.experiments.score_scaling (chapter 3): why the scores are
 divided by sqrt(d_k).
 
 References used: torch.autograd.functional.jacobian for the softmax
@@ -6,7 +6,7 @@ Jacobian, closed forms (Var(q.k) = d_k sigma_q^2 sigma_k^2), autograd
 through scaled_dot_product_attention on the same draws, and every
 statistic of saturation_stats recomputed row by row.
 
-The tests call the functions as attributes of course_lib.attention (which
+The tests call the functions as attributes of course_lib.model.attention (which
 re-exports them), exactly as they were written in test_attention.py.
 """
 import math
@@ -14,7 +14,8 @@ import math
 import pytest
 import torch
 
-from course_lib import attention as A
+from course_lib.experiments import score_scaling
+from course_lib.model import attention
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +26,7 @@ def _seed():
 @pytest.mark.parametrize("shape", [(5,), (3, 4)])
 def test_softmax_jacobian_matches_autograd(shape):
     z = torch.randn(*shape, dtype=torch.float64)
-    jac = A.softmax_jacobian(z)
+    jac = score_scaling.softmax_jacobian(z)
     assert jac.shape == (*shape, shape[-1])
     for idx in range(z.shape[0] if z.dim() == 2 else 1):
         row = z[idx] if z.dim() == 2 else z
@@ -40,8 +41,8 @@ def test_softmax_jacobian_matches_autograd(shape):
 
 def test_softmax_jacobian_vanishes_when_saturated():
     z = torch.tensor([30.0, 0.0, 0.0], dtype=torch.float64)
-    assert A.softmax_jacobian(z).abs().max().item() < 1e-12
-    flat = A.softmax_jacobian(torch.zeros(4, dtype=torch.float64))
+    assert score_scaling.softmax_jacobian(z).abs().max().item() < 1e-12
+    flat = score_scaling.softmax_jacobian(torch.zeros(4, dtype=torch.float64))
     assert math.isclose(flat[0, 0].item(), 0.25 - 0.0625)
 
 
@@ -49,22 +50,22 @@ def test_softmax_jacobian_vanishes_when_saturated():
                                        (16, 2.0, 0.5), (8, 3.0, 1.5)])
 def test_score_variance_matches_closed_form(d_k, sq, sk):
     g = torch.Generator().manual_seed(0)
-    var = A.score_variance_mc(d_k, 40_000, sigma_q=sq, sigma_k=sk,
+    var = score_scaling.score_variance_mc(d_k, 40_000, sigma_q=sq, sigma_k=sk,
                               generator=g)
     assert math.isclose(var, d_k * sq**2 * sk**2, rel_tol=0.05)
 
 
 def test_saturation_stats_scaling_effect():
     g = torch.Generator().manual_seed(0)
-    raw = A.saturation_stats(256, scaled=False, generator=g)
-    scaled = A.saturation_stats(256, scaled=True, generator=g)
+    raw = score_scaling.saturation_stats(256, scaled=False, generator=g)
+    scaled = score_scaling.saturation_stats(256, scaled=True, generator=g)
     assert raw.max_weight > 0.8 > 0.5 > scaled.max_weight
     assert raw.saturated > 0.4 > 0.05 > scaled.saturated
     assert raw.jacobian_norm < 0.1 * scaled.jacobian_norm
     assert raw.grad_norm < 0.5 * scaled.grad_norm
     assert raw.entropy < scaled.entropy <= math.log(16)
     # With scaling, the statistics barely depend on d_k.
-    other = A.saturation_stats(16, scaled=True, generator=g)
+    other = score_scaling.saturation_stats(16, scaled=True, generator=g)
     assert abs(other.max_weight - scaled.max_weight) < 0.05
     assert abs(other.jacobian_norm / scaled.jacobian_norm - 1) < 0.1
 
@@ -73,7 +74,7 @@ def test_saturation_gradient_matches_autograd():
     # Same draws as saturation_stats, recomputed with autograd.
     for scaled in (True, False):
         g = torch.Generator().manual_seed(5)
-        stats = A.saturation_stats(32, n_keys=6, n_rows=50, d_v=4,
+        stats = score_scaling.saturation_stats(32, n_keys=6, n_rows=50, d_v=4,
                                    scaled=scaled, generator=g)
         g = torch.Generator().manual_seed(5)
         kw = dict(generator=g, dtype=torch.float64)
@@ -81,7 +82,7 @@ def test_saturation_gradient_matches_autograd():
         k = torch.randn(50, 6, 32, **kw)
         v = torch.randn(50, 6, 4, **kw)
         up = torch.randn(50, 4, 1, **kw)
-        out, _ = A.scaled_dot_product_attention(
+        out, _ = attention.scaled_dot_product_attention(
             q, k, v, scale=None if scaled else 1.0)          # (R, 1, d_v)
         (out @ up).sum().backward()
         norms = q.grad[:, 0].norm(dim=-1)                    # (R,)
@@ -103,8 +104,8 @@ def test_saturation_mean_gradient_does_not_shrink_without_scaling():
     # Chapter 3's claim: unscaled, the median gradient collapses with d_k
     # while the mean does not (a few unsaturated rows get huge gradients).
     g = torch.Generator().manual_seed(0)
-    raw = A.saturation_stats(1024, n_rows=300, scaled=False, generator=g)
-    scaled = A.saturation_stats(1024, n_rows=300, scaled=True, generator=g)
+    raw = score_scaling.saturation_stats(1024, n_rows=300, scaled=False, generator=g)
+    scaled = score_scaling.saturation_stats(1024, n_rows=300, scaled=True, generator=g)
     assert raw.grad_norm < 0.01 * scaled.grad_norm
     assert raw.grad_mean > scaled.grad_mean
     assert raw.grad_max > 10 * scaled.grad_max
@@ -112,7 +113,7 @@ def test_saturation_mean_gradient_does_not_shrink_without_scaling():
 
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
-# Tests added because a mutant of course_lib.score_scaling survived the
+# Tests added because a mutant of course_lib.experiments.score_scaling survived the
 # ones above.
 def _saturation_by_hand(d_k, n_keys, n_rows, d_v, scaled, seed):
     """saturation_stats' statistics row by row: softmax, entropy from its
@@ -150,7 +151,7 @@ def _saturation_by_hand(d_k, n_keys, n_rows, d_v, scaled, seed):
 
 @pytest.mark.parametrize("scaled", [True, False])
 def test_saturation_stats_equal_row_by_row_by_hand(scaled):
-    st = A.saturation_stats(9, n_keys=5, n_rows=40, d_v=3, scaled=scaled,
+    st = score_scaling.saturation_stats(9, n_keys=5, n_rows=40, d_v=3, scaled=scaled,
                             generator=torch.Generator().manual_seed(2))
     ref = _saturation_by_hand(9, 5, 40, 3, scaled, seed=2)
     assert st.d_k == 9
@@ -160,37 +161,37 @@ def test_saturation_stats_equal_row_by_row_by_hand(scaled):
 
 def test_saturation_stats_defaults_and_smallest_arguments():
     # defaults: 16 keys, 500 rows, d_v 16, scaled
-    st = A.saturation_stats(4, generator=torch.Generator().manual_seed(0))
+    st = score_scaling.saturation_stats(4, generator=torch.Generator().manual_seed(0))
     ref = _saturation_by_hand(4, 16, 500, 16, True, seed=0)
     assert st.entropy == pytest.approx(ref["entropy"], rel=1e-9)
     assert st.grad_max == pytest.approx(ref["grad_max"], rel=1e-9)
-    A.saturation_stats(1, n_keys=2, n_rows=1, d_v=1)          # all allowed
+    score_scaling.saturation_stats(1, n_keys=2, n_rows=1, d_v=1)          # all allowed
     for name, low in (("d_k", 1), ("n_keys", 2), ("n_rows", 1), ("d_v", 1)):
         kw = dict(d_k=4)
         kw[name] = low - 1
         with pytest.raises(ValueError, match=rf"^{name} must be >= {low}, "
                            rf"got {low - 1}$"):
-            A.saturation_stats(**kw)
+            score_scaling.saturation_stats(**kw)
 
 
 def test_score_variance_mc_defaults_generator_and_checks():
     # default sigmas 1: Var(q . k) = d_k (Monte Carlo, 40,000 pairs: about
     # 1 % standard error, so 5 % is 5 sigma)
-    var = A.score_variance_mc(8, 40_000,
+    var = score_scaling.score_variance_mc(8, 40_000,
                               generator=torch.Generator().manual_seed(0))
     assert var == pytest.approx(8, rel=0.05)
     # the generator makes it reproducible, whatever the global RNG does
-    a = A.score_variance_mc(3, 50, generator=torch.Generator().manual_seed(5))
+    a = score_scaling.score_variance_mc(3, 50, generator=torch.Generator().manual_seed(5))
     torch.randn(7)
-    b = A.score_variance_mc(3, 50, generator=torch.Generator().manual_seed(5))
+    b = score_scaling.score_variance_mc(3, 50, generator=torch.Generator().manual_seed(5))
     assert a == b
-    A.score_variance_mc(1, 2)                          # smallest arguments
+    score_scaling.score_variance_mc(1, 2)                          # smallest arguments
     with pytest.raises(ValueError, match=r"^n_samples must be >= 2, got 1$"):
-        A.score_variance_mc(3, 1)
+        score_scaling.score_variance_mc(3, 1)
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match=r"^sigma_k must be > 0"):
-            A.score_variance_mc(3, 10, sigma_k=bad)
+            score_scaling.score_variance_mc(3, 10, sigma_k=bad)
     with pytest.raises(ValueError, match=r"^sigma_k must be a real number"):
-        A.score_variance_mc(3, 10, sigma_k="1")
+        score_scaling.score_variance_mc(3, 10, sigma_k="1")
     with pytest.raises(ValueError, match=r"^z must be a floating tensor"):
-        A.softmax_jacobian([1.0, 2.0])
+        score_scaling.softmax_jacobian([1.0, 2.0])

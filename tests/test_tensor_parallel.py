@@ -1,7 +1,7 @@
-"""Chapter 14: tensor parallelism (course_lib.tensor_parallel).
+"""Chapter 14: tensor parallelism (course_lib.distributed.tensor_parallel).
 
 The layers are compared with the single-process modules of the same
-weights inside the workers of ``course_lib.parallel_checks``, run once
+weights inside the workers of ``workers``, run once
 per world size on spawned processes by the ``parallel_layers`` fixture
 (conftest); the other tests need no process group.
 """
@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.layers import SwiGLU
-from course_lib.mha import MultiHeadAttention
-from course_lib.tensor_parallel import (ColumnParallelLinear,
-                                        RowParallelLinear,
-                                        TensorParallelAttention,
-                                        TensorParallelSwiGLU)
+from course_lib.model.block import SwiGLU
+from course_lib.model.mha import MultiHeadAttention
+from course_lib.distributed.tensor_parallel import (ColumnParallelLinear,
+                                                    RowParallelLinear,
+                                                    TensorParallelAttention,
+                                                    TensorParallelSwiGLU)
 
 TOL = 1e-5
 

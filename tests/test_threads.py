@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from course_lib.threads import small_ops
+from course_lib._util.threads import small_ops
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """best_time: a warm-up call, then the minimum of the timed calls."""
 import pytest
 
-from course_lib.timing import best_time
+from course_lib._util.timing import best_time
 
 
 def test_best_time_warms_up_then_keeps_the_fastest_call(fake_clock):

@@ -1,4 +1,4 @@
-"""Tests for course_lib.tokenizer (chapter 13): the fast byte-level BPE
+"""Tests for course_lib.pretrained.tokenizer (chapter 13): the fast byte-level BPE
 tokenizer and chat template built from the SmolLM2 GGUF file.
 
 References: tokenizers' own pre-tokenizers and the vocabulary of the
@@ -9,7 +9,7 @@ tokenizer is the reference in test_pretrained_reference.py.
 import pytest
 
 from smollm2_support import needs_weights
-from course_lib.tokenizer import ByteLevelBPETokenizer
+from course_lib.pretrained.tokenizer import ByteLevelBPETokenizer
 
 # English, Python, digits, whitespace runs (spaces, tabs, newlines, also
 # before digits), Chinese, emoji, special tokens, contractions, accents.
@@ -35,7 +35,7 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def tok():
-    from course_lib.pretrained import open_smollm2
+    from course_lib.pretrained.smollm2 import open_smollm2
     return ByteLevelBPETokenizer.from_gguf(open_smollm2().metadata)
 
 

@@ -1,4 +1,4 @@
-"""Tests for course_lib.transformer, the paper's encoder-decoder (chapter 6).
+"""Tests for course_lib.model.transformer, the paper's encoder-decoder (chapter 6).
 
 References: parameter counts in closed form, by building the model, and
 against the paper's "65M"; torch.nn.TransformerEncoder/Decoder layers
@@ -12,11 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.masking import causal_mask
-from course_lib.layers import num_parameters
-from course_lib.transformer import (Transformer, TransformerConfig,
-                                    greedy_decode, transformer_param_count)
-from course_lib.positional import sinusoidal_encoding
+from course_lib.model.masks import causal_mask
+from course_lib.model.block import num_parameters
+from course_lib.model.transformer import (Transformer, TransformerConfig,
+                                          greedy_decode,
+                                          transformer_param_count)
+from course_lib.model.sinusoidal import sinusoidal_encoding
 from test_blocks import copy_common, copy_mha
 from transformer_support import tiny_transformer
 
@@ -187,7 +188,7 @@ def test_transformer_init_is_reproducible_with_separate_embeddings():
 
 
 def test_one_length_for_a_batch_is_an_error_not_a_broadcast():
-    # Probe finding 9: src_lengths=[2] for a batch of 2 broadcast sequence
+    # Given src_lengths=[2] for a batch of 2, the model broadcast sequence
     # 0's padding over the batch.
     tr = tiny_transformer()
     src = torch.randint(3, 11, (2, 4))

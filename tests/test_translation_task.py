@@ -1,10 +1,10 @@
-"""Tests for course_lib.translation_task: the toy translation, its
+"""Tests for course_lib.tasks.translation_task: the toy translation, its
 batches and its loss (chapter 7)."""
 import pytest
 import torch
 
-from course_lib import special_tokens as ST
-from course_lib import translation_task as TT
+from course_lib.tasks import special_tokens, translation_task
+from course_lib import training
 
 
 @pytest.fixture(autouse=True)
@@ -13,11 +13,11 @@ def _seed():
 
 
 def test_translate_reorders_and_translates():
-    assert TT.translate("big cat sees small dog".split()) == \
+    assert translation_task.translate("big cat sees small dog".split()) == \
         ["KATZE", "GROSS", "HUND", "KLEIN", "SIEHT"]
-    assert TT.translate("cat chases old mouse".split()) == \
+    assert translation_task.translate("cat chases old mouse".split()) == \
         ["KATZE", "MAUS", "ALT", "JAGT"]
-    assert TT.translate("fast horse finds fish".split()) == \
+    assert translation_task.translate("fast horse finds fish".split()) == \
         ["PFERD", "SCHNELL", "FISCH", "FINDET"]
 
 
@@ -26,101 +26,101 @@ def test_translate_reorders_and_translates():
                                  "cat sees big", ""])
 def test_translate_rejects_ungrammatical(bad):
     with pytest.raises(ValueError, match="words must read"):
-        TT.translate(bad.split())
+        translation_task.translate(bad.split())
 
 
 def test_task_split_is_complete_disjoint_and_seeded():
-    task = TT.make_translation_task(held_out_fraction=0.2, seed=0)
+    task = translation_task.make_translation_task(held_out_fraction=0.2, seed=0)
     train = {" ".join(s) for s, _ in task.train}
     held = {" ".join(s) for s, _ in task.held_out}
     # 6 nouns x 6 adjective choices, twice, times 5 verbs
     assert len(train) + len(held) == 36 * 5 * 36 == 6480
     assert not train & held
     assert len(held) == round(0.2 * 6480)
-    again = TT.make_translation_task(held_out_fraction=0.2, seed=0)
+    again = translation_task.make_translation_task(held_out_fraction=0.2, seed=0)
     assert again.held_out == task.held_out
-    other = TT.make_translation_task(held_out_fraction=0.2, seed=1)
+    other = translation_task.make_translation_task(held_out_fraction=0.2, seed=1)
     assert other.held_out != task.held_out
     for s, t in task.train[:50]:
-        assert t == TT.translate(s)
+        assert t == translation_task.translate(s)
 
 
 def test_vocab_specials_and_round_trip():
-    task = TT.make_translation_task()
+    task = translation_task.make_translation_task()
     for vocab in (task.src_vocab, task.tgt_vocab):
-        assert vocab[ST.PAD] == "<pad>" and vocab[ST.BOS] == "<bos>"
-        assert vocab[ST.EOS] == "<eos>" and len(set(vocab)) == len(vocab)
+        assert vocab[special_tokens.PAD] == "<pad>" and vocab[special_tokens.BOS] == "<bos>"
+        assert vocab[special_tokens.EOS] == "<eos>" and len(set(vocab)) == len(vocab)
     src, tgt = task.held_out[0]
     ids = task.encode_tgt(tgt)
-    assert ids[0] == ST.BOS and ids[-1] == ST.EOS
+    assert ids[0] == special_tokens.BOS and ids[-1] == special_tokens.EOS
     assert task.decode_tgt(ids) == tgt
     assert task.decode_tgt(torch.tensor(ids + [7, 7])) == tgt  # stops at EOS
-    assert task.encode_src(src)[-1] == ST.EOS
+    assert task.encode_src(src)[-1] == special_tokens.EOS
 
 
 def test_collate_shifts_targets_by_one_and_pads():
-    task = TT.make_translation_task()
+    task = translation_task.make_translation_task()
     pairs = task.train[:16]
-    src, tgt_in, tgt_out = TT.collate_translation(task, pairs)
+    src, tgt_in, tgt_out = translation_task.collate_translation(task, pairs)
     lengths = [len(s) + 1 for s, _ in pairs]
     assert src.shape == (16, max(lengths))
     for b, (s, t) in enumerate(pairs):
         n = len(t) + 1                     # BOS + words, or words + EOS
         assert src[b, :len(s) + 1].tolist() == task.encode_src(s)
-        assert (src[b, len(s) + 1:] == ST.PAD).all()
-        assert tgt_in[b, 0] == ST.BOS
+        assert (src[b, len(s) + 1:] == special_tokens.PAD).all()
+        assert tgt_in[b, 0] == special_tokens.BOS
         # teacher forcing: the input at t+1 is the target at t
         assert torch.equal(tgt_in[b, 1:n], tgt_out[b, :n - 1])
-        assert tgt_out[b, n - 1] == ST.EOS
-        assert (tgt_out[b, n:] == ST.IGNORE).all()
-        assert (tgt_in[b, n:] == ST.PAD).all()
+        assert tgt_out[b, n - 1] == special_tokens.EOS
+        assert (tgt_out[b, n:] == training.IGNORE).all()
+        assert (tgt_in[b, n:] == special_tokens.PAD).all()
 
 
 def test_translation_batches_cover_an_epoch_without_repeats():
-    task = TT.make_translation_task(held_out_fraction=0.5)
+    task = translation_task.make_translation_task(held_out_fraction=0.5)
     n = len(task.train) // 40
-    it = TT.translation_batches(task, batch_size=40, seed=3)
+    it = translation_task.translation_batches(task, batch_size=40, seed=3)
     seen = [tuple(r.tolist()) for _ in range(n) for r in next(it)[0]]
     assert len(seen) == len(set(seen)) == 40 * n
-    first = next(TT.translation_batches(task, batch_size=4, seed=3))
-    again = next(TT.translation_batches(task, batch_size=4, seed=3))
+    first = next(translation_task.translation_batches(task, batch_size=4, seed=3))
+    again = next(translation_task.translation_batches(task, batch_size=4, seed=3))
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
 def test_translation_bad_inputs():
     with pytest.raises(ValueError, match="held_out_fraction"):
-        TT.make_translation_task(held_out_fraction=1.0)
-    task = TT.make_translation_task()
+        translation_task.make_translation_task(held_out_fraction=1.0)
+    task = translation_task.make_translation_task()
     with pytest.raises(ValueError, match="pairs must be"):
-        TT.collate_translation(task, [])
+        translation_task.collate_translation(task, [])
     # checked at the call, not at the first batch
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
-        TT.translation_batches(task, batch_size=0)
+        translation_task.translation_batches(task, batch_size=0)
     # more than the training set: an epoch would yield no batch (it hung)
     n = len(task.train)
     with pytest.raises(ValueError, match=f"batch_size must be <= the {n} "
                        f"training pairs, got {n + 1}"):
-        TT.translation_batches(task, batch_size=n + 1)
-    full = next(TT.translation_batches(task, batch_size=n))
+        translation_task.translation_batches(task, batch_size=n + 1)
+    full = next(translation_task.translation_batches(task, batch_size=n))
     assert full[0].shape[0] == n
 
 
 # ----------------------------------------------------------- seq2seq loss
 def test_seq2seq_loss_ignores_padding():
-    from course_lib.transformer import Transformer, TransformerConfig
-    task = TT.make_translation_task()
+    from course_lib.model.transformer import Transformer, TransformerConfig
+    task = translation_task.make_translation_task()
     model = Transformer(TransformerConfig(
         src_vocab_size=19, tgt_vocab_size=19, d_model=16, n_heads=2,
         d_ff=32, n_layers=1, dropout=0.0, max_len=16,
         share_src_tgt_embeddings=False)).eval()
-    src, tgt_in, tgt_out = TT.collate_translation(task, task.train[:8])
-    loss = TT.seq2seq_loss(model, (src, tgt_in, tgt_out))
-    logits = model(src, tgt_in, src_lengths=(src != ST.PAD).sum(1).tolist())
-    keep = tgt_out != ST.IGNORE
+    src, tgt_in, tgt_out = translation_task.collate_translation(task, task.train[:8])
+    loss = translation_task.seq2seq_loss(model, (src, tgt_in, tgt_out))
+    logits = model(src, tgt_in, src_lengths=(src != special_tokens.PAD).sum(1).tolist())
+    keep = tgt_out != training.IGNORE
     manual = -logits.log_softmax(-1).gather(
         -1, tgt_out.clamp(min=0)[..., None])[..., 0][keep].mean()
     assert torch.allclose(loss, manual, atol=1e-6)
     # more padding on the source side changes nothing: it is masked
-    wider = torch.cat([src, torch.full((8, 3), ST.PAD)], dim=1)
-    assert torch.allclose(TT.seq2seq_loss(model, (wider, tgt_in, tgt_out)),
+    wider = torch.cat([src, torch.full((8, 3), special_tokens.PAD)], dim=1)
+    assert torch.allclose(translation_task.seq2seq_loss(model, (wider, tgt_in, tgt_out)),
                           loss, atol=1e-5)

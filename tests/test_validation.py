@@ -1,10 +1,10 @@
-"""Tests for course_lib.validation's broadcasts_to against
+"""Tests for course_lib._util.validation's broadcasts_to against
 torch.broadcast_shapes (the reference it replaces in hot paths)."""
 import itertools
 
 import torch
 
-from course_lib.validation import broadcasts_to
+from course_lib._util.validation import broadcasts_to
 
 
 def reference(shape, target) -> bool:

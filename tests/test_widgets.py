@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-from course_lib.validation import check_int
-from course_lib.widgets import Explorer, markdown_to_html
+from course_lib._util.validation import check_int
+from course_lib.notebook.widgets import Explorer
+from course_lib.notebook.markdown import markdown_to_html
 
 
 def draw(fig, *, a, b):
@@ -108,7 +109,7 @@ def test_markdown_subset():
 
 
 def test_show_source_prints_code_without_docstring(capsys):
-    from course_lib.widgets import show_source
+    from course_lib.notebook.source import show_source
 
     def documented(x):
         r"""Docstring that the chapter's prose already explains.
@@ -135,7 +136,7 @@ def _guarded(x, n):
 
 
 def test_show_source_hides_argument_checks_and_marks_the_cut(capsys):
-    from course_lib.widgets import show_source, source_lines
+    from course_lib.notebook.source import show_source, source_lines
     show_source(_guarded)
     out = capsys.readouterr().out
     assert out.rstrip("\n").splitlines() == [
@@ -151,7 +152,7 @@ def test_show_source_hides_argument_checks_and_marks_the_cut(capsys):
 
 
 def test_show_source_without_checks_adds_no_marker(capsys):
-    from course_lib.widgets import show_source
+    from course_lib.notebook.source import show_source
 
     def plain(x):
         return x
@@ -160,7 +161,7 @@ def test_show_source_without_checks_adds_no_marker(capsys):
 
 
 def test_markdown_emphasis_and_inline():
-    # issue 13: "*all*" was shown with its asterisks
+    # "*all*" was shown with its asterisks, not in italics
     html = markdown_to_html("weights of *all* layers, **bold**, 2*3*4, "
                             "a * b, `x*y*`, $a*b*c$")
     assert "<em>all</em>" in html and "<strong>bold</strong>" in html
@@ -169,7 +170,7 @@ def test_markdown_emphasis_and_inline():
     line = markdown_to_html("It is *not* $b_i$.", tex_delimiters=True,
                             inline=True)
     assert line == r"It is <em>not</em> \(b_i\)."
-    # Chinese: no spaces around words, emphasis still renders (issue 16)
+    # Chinese: no spaces around words, emphasis still renders
     assert markdown_to_html("但*不*除以", inline=True) == "但<em>不</em>除以"
     assert markdown_to_html("2*3*4 与 x*y", inline=True) == "2*3*4 与 x*y"
 
@@ -181,7 +182,7 @@ def test_static_sliders_announce_their_value():
     assert 'setAttribute("aria-valuetext"' in html
 
 
-# -- legible frames (issue 13) ---------------------------------------------
+# -- legible frames --------------------------------------------------------
 def crowded(fig, *, a):
     """Sizes set by hand below the limit, ticks made at draw time, and a
     tight_layout call, as chapters' drawing functions do."""
@@ -198,7 +199,7 @@ def crowded(fig, *, a):
 
 
 def test_frame_font_closed_form():
-    from course_lib.widgets import frame_font_pt
+    from course_lib.notebook.frames import frame_font_pt
     assert frame_font_pt(7.2) == 16                 # 518 pt: 16 * 358/518 > 11
     for w in (8.0, 10.0):
         f = frame_font_pt(w)
@@ -209,7 +210,7 @@ def test_frame_font_closed_form():
 
 @pytest.mark.parametrize("width", [6.4, 7.2, 9.0])
 def test_every_text_of_a_frame_is_at_least_the_frame_font(width):
-    from course_lib.widgets import frame_font_pt
+    from course_lib.notebook.frames import frame_font_pt
     from matplotlib.text import Text
     ex = Explorer(key="t-c", title="t", draw=crowded, controls={"a": [1]},
                   figsize=(width, 3.2))
@@ -248,7 +249,7 @@ def test_frame_png_size_palette_and_recorded_font():
 
     from PIL import Image
 
-    from course_lib.widgets import FRAME_DENSITY, frame_font_pt
+    from course_lib.notebook.frames import FRAME_DENSITY, frame_font_pt
     ex = Explorer(key="t-c", title="t", draw=crowded,
                   controls={"a": [1, 2]}, figsize=(7.2, 3.2))
     png = ex.png(a=1)
@@ -257,7 +258,7 @@ def test_frame_png_size_palette_and_recorded_font():
                           int(3.2 * 72 * FRAME_DENSITY))
     assert image.mode == "P"                         # 256-colour palette
     # the palette keeps the picture: compare with the full-colour render
-    from course_lib.widgets import figure_to_png
+    from course_lib.notebook.frames import figure_to_png
     full = Image.open(io.BytesIO(figure_to_png(
         ex.render(a=1), dpi=ex.dpi, tight=False))).convert("RGB")
     diff = [abs(p - q) for p, q in zip(image.convert("RGB").tobytes(),
@@ -296,7 +297,7 @@ def test_bad_frame_geometry(kwargs, needle):
 
 @pytest.mark.filterwarnings("ignore:constrained_layout not applied")
 def test_text_cut_off_at_the_frame_edge_is_reported():
-    from course_lib.frames import clipped_texts
+    from course_lib.notebook.frames import clipped_texts
 
     def long_title(fig, *, a):
         ax = fig.add_subplot()
@@ -316,7 +317,7 @@ def test_text_cut_off_at_the_frame_edge_is_reported():
 
 
 def test_a_title_too_long_for_the_frame_wraps_inside_it():
-    from course_lib.frames import clipped_texts
+    from course_lib.notebook.frames import clipped_texts
 
     def long_title(fig, *, a):
         ax = fig.add_subplot()

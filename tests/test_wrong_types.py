@@ -1,6 +1,6 @@
 """An argument of the wrong type fails at the call with a TypeError (or
 ValueError) that names the argument, never with an AttributeError from
-deep inside (issue: the bad-input probe's "wrong types" finding).
+deep inside.
 
 ``test_public_api_rejects_wrong_types`` calls every public function and
 class of course_lib with junk in all its required arguments and accepts
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import course_lib
-from course_lib.validation import check_bool, check_type
+from course_lib._util.validation import check_bool, check_type
 
 JUNK = [object(), "abc", None, [1, 2], 3.5]
 SLOW = {"time_recurrence_vs_attention"}     # accepts lists, then times
@@ -88,9 +88,9 @@ def test_check_bool_rejects_ints_and_strings():
 
 
 def test_examples_name_the_argument():
-    from course_lib.decoder_lm import DecoderLM, decoder_lm_param_count
-    from course_lib.layers import num_parameters
-    from course_lib.mha import merge_heads
+    from course_lib.model.decoder_lm import DecoderLM, decoder_lm_param_count
+    from course_lib.model.block import num_parameters
+    from course_lib.model.mha import merge_heads
     with pytest.raises(TypeError, match="config must be a DecoderLMConfig"):
         DecoderLM({"vocab_size": 10})
     with pytest.raises(TypeError, match="config must be a DecoderLMConfig"):

@@ -1,4 +1,4 @@
-"""Tests for course_lib.yarn (YaRN RoPE scaling, chapter 10): closed form
+"""Tests for course_lib.model.yarn (YaRN RoPE scaling, chapter 10): closed form
 against a loop over pairs, DeepSeek-V3's released values, the rotation
 against chapter 2's apply_rope, bad input. The comparison with
 transformers is in test_mla_reference.py."""
@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from course_lib.mla import deepseek_yarn
-from course_lib.positional import apply_rope, frequencies
-from course_lib.yarn import (YARN_KEYS, check_rope_scaling,
-                             yarn_correction_range, yarn_frequencies,
-                             yarn_mscale, yarn_rope, yarn_scales)
+from course_lib.model.mla import deepseek_yarn
+from course_lib.model.rope import apply_rope
+from course_lib.model.sinusoidal import frequencies
+from course_lib.model.yarn import (YARN_KEYS, check_rope_scaling,
+                                   yarn_correction_range, yarn_frequencies,
+                                   yarn_mscale, yarn_rope, yarn_scales)
 
 V3 = deepseek_yarn(mscale=1.0)
 

@@ -1,4 +1,4 @@
-"""The Chinese edition is the English book in Chinese (issue 16).
+"""The Chinese edition is the English book in Chinese.
 
 ``zh/book/`` is written by ``scripts/build_zh.py`` (``make zh``). These
 tests hold it to the English book, which nbval checks:

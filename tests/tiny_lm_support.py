@@ -3,7 +3,7 @@
 ``tiny_lm`` and the four attention and position variants in ``MODELS``."""
 import torch
 
-from course_lib.decoder_lm import DecoderLM, DecoderLMConfig
+from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
 
 
 def tiny_lm(**kw):

@@ -1,7 +1,7 @@
 """The small encoder-decoder shared by the tests of the Transformer
 (test_transformer.py) and of both chapter 6 models together
 (test_models.py)."""
-from course_lib.transformer import Transformer, TransformerConfig
+from course_lib.model.transformer import Transformer, TransformerConfig
 
 
 def tiny_transformer(**kw):

@@ -85,7 +85,7 @@ def open_page(page, url: str) -> None:
 
 
 # The page's own typesets are recorded as they start: the exercises
-# typeset their feedback when it is shown (course_lib.exercise_base's
+# typeset their feedback when it is shown (course_lib.notebook.exercises's
 # show()), which MathJax finishes at once unless it must first load a
 # piece of itself. settle_math waits for all of them, no longer.
 SETTLE_MATH_JS = """() => {

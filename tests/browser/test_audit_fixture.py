@@ -12,8 +12,8 @@ import pytest
 
 from audit import audit_page
 from conftest import Server
-from course_lib.exercises import ChoiceExercise, NumericExercise
-from course_lib.widgets import Explorer
+from course_lib.notebook.exercises import ChoiceExercise, NumericExercise
+from course_lib.notebook.widgets import Explorer
 
 pytestmark = pytest.mark.browser
 

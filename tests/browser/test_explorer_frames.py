@@ -1,4 +1,4 @@
-"""Explorer frames a reader can read (issue 13): on a 1280 px screen the
+"""Explorer frames a reader can read: on a 1280 px screen the
 text of every frame (tick labels, legends, titles, annotations) shows at
 least at the body-text size of the page, and on a 390 px phone the frame
 fits the width and its text shows at least ``PHONE_MIN_PX`` CSS px.
@@ -20,7 +20,7 @@ from test_pages import CHAPTER_PAGES
 
 pytestmark = pytest.mark.browser
 
-PHONE_MIN_PX = 11          # course_lib.widgets.PHONE_MIN_PX
+PHONE_MIN_PX = 11          # course_lib.notebook.widgets.PHONE_MIN_PX
 OLD_FONT_PX = 10.0         # frames without data-font-px (see above)
 
 FRAMES_JS = """() => ({

@@ -33,8 +33,8 @@ FULL_SCREENSHOTS = os.environ.get("BOOK_SCREENSHOTS") == "full"
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 TOC_FILES = [TOC["root"]] + [c["file"] for part in TOC.get("parts", [])
                              for c in part["chapters"]]
-# The English book at the site's root, the Chinese one under zh/ (issue
-# 16): every check runs on the pages of both.
+# The English book at the site's root, the Chinese one under zh/: every
+# check runs on the pages of both.
 PREFIX = {"en": "", "zh": "zh/"}
 # Site-relative paths of the pages the book is made of, in both languages.
 PAGES = [PREFIX[lang] + p for lang in PREFIX
@@ -113,7 +113,7 @@ def test_chapter_page_weight(rel):
 def test_no_exercise_answer_is_readable_without_a_click(fresh_page, rel):
     """The code that builds an exercise holds its answer (``answer=``,
     ``solution=``): on a freshly loaded page no such source may be
-    visible; it may sit behind a collapsed toggle (issue 13)."""
+    visible; it may sit behind a collapsed toggle."""
     page = fresh_page(rel)
     sources = page.locator("div.cell_input", has_text="Exercise(")
     assert sources.count() > 0, "no exercise cell found: selector stale?"
@@ -126,7 +126,7 @@ def test_no_exercise_answer_is_readable_without_a_click(fresh_page, rel):
             f"{src.inner_text()[:120]!r}")
 
 
-# -- the two languages (issue 16) ---------------------------------------------
+# -- the two languages --------------------------------------------------------
 def counterpart(rel: str) -> str:
     """The same page in the other language."""
     zh = PREFIX["zh"]

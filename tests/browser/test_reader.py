@@ -1,5 +1,5 @@
 """The widgets as a reader uses them: rendered text, keyboard, phone, dark
-mode and an accessibility scan (issue 13, the HTML book).
+mode and an accessibility scan, in the HTML book.
 
 Each test loads pages of the built book in headless Chromium:
 

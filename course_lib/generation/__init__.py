@@ -1,0 +1,3 @@
+"""From a model's logits to text (chapters 8 and 9): the logit filters
+and sampling, beam search, and cached generation.
+"""

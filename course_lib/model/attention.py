@@ -1,0 +1,164 @@
+r"""Scaled dot-product attention, its masks, and the cost of its L x L weights.
+
+Each query $q_i$ is compared with every key $k_j$ by a dot product; the
+softmax of the scaled scores gives weights that average the values:
+
+$$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(
+  \frac{QK^\top}{\sqrt{d_k}} + M\right) V,$$
+
+where $M_{ij} = 0$ if query $i$ may attend to key $j$ and $-\infty$ if
+not. Masks are boolean tensors, True = "may attend"; $M$ is built from
+them inside :func:`scaled_dot_product_attention`. Why the scores are
+divided by $\sqrt{d_k}$ is measured in
+:mod:`course_lib.experiments.score_scaling`; the cost of the $L \times L$
+weights in :mod:`course_lib.experiments.attention_cost`.
+
+Shape letters: B batch, H heads, Lq queries, Lk keys (and values), d_k
+query/key width, d_v value width, n softmax width, R random rows, ... any
+leading batch dimensions (e.g. (B,) or (B, H)).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .._util.validation import broadcasts_to, check_bool_mask, check_real
+
+__all__ = ["scaled_dot_product_attention", "fused_attention"]
+
+
+# --------------------------------------------------------------- checks
+def _check_inputs(q, k, v, mask, scale) -> float:
+    """Validate q, k, v, mask and scale; return the scale to use."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() < 2:
+            raise ValueError(f"{name} must be a tensor (..., L, d), got "
+                             f"{getattr(t, 'shape', t)!r:.60}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {t.dtype}")
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share d_k, got {shapes}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must share the length Lk, got {shapes}")
+    batch = q.shape[:-2]
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        try:
+            batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2],
+                                           v.shape[:-2])
+        except RuntimeError:
+            raise ValueError(f"leading dims do not broadcast: "
+                             f"{shapes}") from None
+    if mask is not None:
+        check_bool_mask("mask", mask)
+        # The mask must broadcast *to* the scores and never enlarge them
+        # (that would silently apply the wrong mask per batch element).
+        scores = torch.Size((*batch, q.shape[-2], k.shape[-2]))
+        if not broadcasts_to(mask.shape, scores):
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not "
+                             f"broadcast to the scores (..., Lq, Lk) = "
+                             f"{tuple(scores)}")
+    if scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    check_real("scale", scale, positive=True)
+    return scale
+
+
+# ------------------------------------------------------------ attention
+def scaled_dot_product_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        mask: torch.Tensor | None = None, *, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""$\mathrm{softmax}(QK^\top s + M)\,V$ with $s = 1/\sqrt{d_k}$, and
+    the weights $A = \mathrm{softmax}(QK^\top s + M)$.
+
+    Every step is written out: scores $S = QK^\top s$, disallowed
+    entries set to $-\infty$ (so $e^{-\infty} = 0$ removes them from the
+    softmax), row-wise softmax $A$, then $AV$. A query row with no
+    allowed key would be $0/0$; it gets zero weights and a zero output
+    instead of NaN. :func:`fused_attention` computes the same output in
+    torch's fused kernel, which never forms $A$.
+
+    Args:
+        q, k, v: queries (..., Lq, d_k), keys (..., Lk, d_k), values
+            (..., Lk, d_v); leading dims broadcast.
+        mask: None, or bool tensor broadcastable to (..., Lq, Lk),
+            True where query i may attend to key j.
+        scale: multiplier $s$ of the scores; default $1/\sqrt{d_k}$.
+    Returns:
+        ``(out, weights)``: out (..., Lq, d_v) and the attention weights
+        $A$ (..., Lq, Lk).
+    """
+    scale = _check_inputs(q, k, v, mask, scale)
+    # A row with no allowed key: let it attend everywhere (finite softmax,
+    # finite gradients) and zero it afterwards.
+    has_key = None if mask is None else mask.any(dim=-1, keepdim=True)
+    safe_mask = None if mask is None else mask | ~has_key  # (..., Lq, Lk)
+    # 1) Scores S = Q K^T s (scaling q first costs Lq*d_k, not Lq*Lk),
+    #    in float32 for half-precision q, k: scores can pass fp16's 65504.
+    if q.element_size() < 4:
+        q, k = q.float(), k.float()
+    scores = (q * scale) @ k.transpose(-2, -1)             # (..., Lq, Lk)
+    # 2) Additive mask: S + M with M = -inf where the mask is False.
+    if safe_mask is not None:
+        scores = scores.masked_fill(~safe_mask, float("-inf"))
+    # 3) A = softmax(S + M) along the keys (then back to v's dtype).
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)    # (..., Lq, Lk)
+    if has_key is not None:
+        weights = weights * has_key                        # zero dead rows
+    # 4) out = A V: each output row is a weighted average of value rows.
+    out = weights @ v                                      # (..., Lq, d_v)
+    return out, weights
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None = None, *,
+                    scale: float | None = None,
+                    enable_gqa: bool = False) -> torch.Tensor:
+    r"""The output of :func:`scaled_dot_product_attention` from torch's
+    fused kernel (``torch.nn.functional.scaled_dot_product_attention``).
+
+    The kernel works block by block and never holds the (..., Lq, Lk)
+    weights, so it returns the output only. The same results up to
+    rounding, fully masked query rows zeroed as well.
+
+    Args:
+        q, k, v, mask, scale: as :func:`scaled_dot_product_attention`.
+        enable_gqa: q (B, H, Lq, d_k) with k, v (B, G, Lk, d) and H a
+            multiple of G: each K/V head serves H/G query heads inside
+            the kernel, without copies (chapter 5's GQA).
+    Returns:
+        out (..., Lq, d_v).
+    """
+    if not isinstance(enable_gqa, bool):
+        raise ValueError(f"enable_gqa must be a bool, got {enable_gqa!r}")
+    if enable_gqa:
+        shapes_ok = all(isinstance(t, torch.Tensor) and t.dim() == 4
+                        for t in (q, k)) and k.shape[1] >= 1 \
+            and q.shape[1] % k.shape[1] == 0
+        if not shapes_ok:
+            raise ValueError(
+                f"enable_gqa=True needs q (B, H, Lq, d_k) and k (B, G, Lk, "
+                f"d_k) with H a multiple of G, got q "
+                f"{tuple(getattr(q, 'shape', ()))!r:.60}, k "
+                f"{tuple(getattr(k, 'shape', ()))!r:.60}")
+        # check the rest as for k, v repeated to H heads (views, no copy)
+        H = q.shape[1]
+        scale = _check_inputs(q, k[:, :1].expand(-1, H, -1, -1),
+                              v[:, :1].expand(-1, H, -1, -1), mask, scale)
+    else:
+        scale = _check_inputs(q, k, v, mask, scale)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale,
+                                              enable_gqa=enable_gqa)
+    has_key = mask.any(dim=-1, keepdim=True)               # (..., Lq, 1)
+    # The kernel adds the mask to Q K^T in place, so Q K^T must have the
+    # mask's batch axes even when only v has them: expand q (a view).
+    q = q.expand(*torch.broadcast_shapes(q.shape[:-2], mask.shape[:-2]),
+                 *q.shape[-2:])
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask | ~has_key, scale=scale,
+        enable_gqa=enable_gqa)                             # (..., Lq, d_v)
+    return out * has_key

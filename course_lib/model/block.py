@@ -1,0 +1,278 @@
+r"""The pre-norm Transformer block, and the FFNs and norms inside it.
+
+Besides attention, every Transformer layer holds a *position-wise
+feed-forward network* (FFN): the same two-layer MLP applied to every token
+independently. The paper's FFN (Vaswani et al. 2017, eq. 2) is
+
+$$\mathrm{FFN}(x) = \max(0,\, xW_1 + b_1)\,W_2 + b_2, \qquad
+W_1 \in \mathbb{R}^{D \times d_{ff}},\; W_2 \in \mathbb{R}^{d_{ff} \times D},$$
+
+with $D = 512$, $d_{ff} = 2048$ in the base model. GPT-2 replaces ReLU by
+GELU; Llama uses the gated SwiGLU (Shazeer 2020),
+$\mathrm{down}(\mathrm{SiLU}(\mathrm{gate}(x)) \odot \mathrm{up}(x))$,
+which has three matrices instead of two.
+
+Normalisation: LayerNorm (Ba et al. 2016) centres and rescales each token
+vector, $\gamma \odot (x - \mu)/\sqrt{\sigma^2 + \epsilon} + \beta$;
+RMSNorm (Zhang & Sennrich 2019) skips the centring and the bias,
+$\gamma \odot x / \sqrt{\mathrm{mean}(x^2) + \epsilon}$.
+
+The block of GPT-2 and Llama (:class:`DecoderBlock`) wraps attention and
+an FFN, each in a residual branch with the norm *inside* it (pre-norm),
+$x + \mathrm{Sublayer}(\mathrm{Norm}(x))$, which keeps an identity path
+from the output to the input. The paper's post-norm layers are in
+:mod:`course_lib.model.transformer`.
+
+Shape letters: B batch, T sequence length, D = ``d_model``,
+F = ``d_ff`` (hidden width of the FFN); ... any leading dimensions.
+"""
+from __future__ import annotations
+
+from numbers import Real
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .._util.validation import check_int, check_real, check_type
+
+if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
+    from .kv_cache import LayerKVCache
+
+__all__ = ["ffn_param_count", "swiglu_param_count", "llama_hidden_dim", "FeedForward", "SwiGLU", "RMSNorm", "make_norm", "num_parameters", "DecoderBlock"]
+
+_ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+
+
+# --------------------------------------------------------------- checks
+
+def _check_unit(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real) \
+            or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
+def _check_eps(eps) -> None:
+    # finite and > 0: eps = 0 divides by 0 on a constant input, inf zeroes
+    check_real("eps", eps, positive=True)
+
+
+def _check_last(name: str, x, width: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() < 1 \
+            or x.shape[-1] != width:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else x
+        raise ValueError(f"{name} must have shape (..., {width}), got "
+                         f"{shape!r:.60}")
+
+
+# ------------------------------------------------------- parameter counts
+def ffn_param_count(*, d_model: int, d_ff: int, bias: bool = True) -> int:
+    r"""Parameters of :class:`FeedForward`: $2Dd_{ff} + [\text{bias}]
+    (d_{ff} + D)$; 2,099,712 for the paper's $D = 512$, $d_{ff} = 2048$.
+    """
+    check_int("d_model", d_model, minimum=1)
+    check_int("d_ff", d_ff, minimum=1)
+    return 2 * d_model * d_ff + (d_ff + d_model if bias else 0)
+
+
+def swiglu_param_count(*, d_model: int, d_hidden: int) -> int:
+    r"""Parameters of :class:`SwiGLU`: three bias-free matrices,
+    $3 D d_{ff}$.
+    """
+    check_int("d_model", d_model, minimum=1)
+    check_int("d_hidden", d_hidden, minimum=1)
+    return 3 * d_model * d_hidden
+
+
+def llama_hidden_dim(d_model: int, *, multiple_of: int = 256) -> int:
+    r"""SwiGLU hidden width with the parameters of a $4D$ ReLU FFN.
+
+    $3 D d_{ff} = 2 D (4D)$ gives $d_{ff} = \tfrac{8}{3} D$; Llama takes
+    ``int`` of that and rounds up to a multiple of ``multiple_of``
+    (hardware-friendly matrix shapes): $D = 4096 \to 11008$.
+    """
+    check_int("d_model", d_model, minimum=1)
+    check_int("multiple_of", multiple_of, minimum=1)
+    hidden = int(2 * (4 * d_model) / 3)                   # 8D/3, truncated
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+# ----------------------------------------------------------- the FFNs
+class FeedForward(nn.Module):
+    r"""Position-wise FFN: $\mathrm{act}(xW_1 + b_1)\,W_2 + b_2$.
+
+    The same weights act on every position; no information moves between
+    tokens here (that is attention's job). Submodule names ``linear1``,
+    ``linear2`` and ``dropout`` are those of
+    ``torch.nn.TransformerEncoderLayer``, so weights copy across by name.
+
+    Args:
+        d_model: model width $D$. d_ff: hidden width $d_{ff}$.
+        activation: ``"relu"`` (the paper) or ``"gelu"`` (GPT-2, BERT).
+        bias: biases $b_1$, $b_2$. dropout: on the hidden activations.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu",
+                 bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        check_int("d_model", d_model, minimum=1)
+        check_int("d_ff", d_ff, minimum=1)
+        _check_unit("dropout", dropout)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of "
+                             f"{sorted(_ACTIVATIONS)}, got {activation!r}")
+        self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)     # W_1, b_1
+        self.act = _ACTIVATIONS[activation]()
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)     # W_2, b_2
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D), each position independently."""
+        _check_last("x", x, self.d_model)
+        # FFN(x) = act(x W_1 + b_1) W_2 + b_2
+        h = self.act(self.linear1(x))                          # (..., F)
+        return self.linear2(self.dropout(h))                   # (..., D)
+
+
+class SwiGLU(nn.Module):
+    r"""Gated FFN of Llama: $(\mathrm{SiLU}(xW_g) \odot xW_u)\,W_d$.
+
+    $\mathrm{SiLU}(z) = z\,\sigma(z)$. The *gate* branch decides, per
+    hidden unit, how much of the *up* branch passes. Three $D \times
+    d_{ff}$ matrices and no biases: $3Dd_{ff}$ parameters. Names follow
+    the Llama checkpoints (``gate_proj``, ``up_proj``, ``down_proj``).
+
+    Args:
+        d_model: model width $D$. d_hidden: hidden width $d_{ff}$
+            (see :func:`llama_hidden_dim`).
+    """
+
+    def __init__(self, d_model: int, d_hidden: int) -> None:
+        super().__init__()
+        check_int("d_model", d_model, minimum=1)
+        check_int("d_hidden", d_hidden, minimum=1)
+        self.d_model, self.d_hidden = d_model, d_hidden
+        self.gate_proj = nn.Linear(d_model, d_hidden, bias=False)  # W_g
+        self.up_proj = nn.Linear(d_model, d_hidden, bias=False)    # W_u
+        self.down_proj = nn.Linear(d_hidden, d_model, bias=False)  # W_d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D), each position independently."""
+        _check_last("x", x, self.d_model)
+        gate = nn.functional.silu(self.gate_proj(x))           # (..., F)
+        # SwiGLU(x) = (SiLU(x W_g) * x W_u) W_d
+        return self.down_proj(gate * self.up_proj(x))          # (..., D)
+
+
+# ------------------------------------------------------- normalisation
+class RMSNorm(nn.Module):
+    r"""Root-mean-square normalisation, $\gamma \odot x /
+    \sqrt{\frac1D \sum_i x_i^2 + \epsilon}$.
+
+    LayerNorm without the mean subtraction and without $\beta$: one
+    reduction instead of two, $D$ parameters instead of $2D$. On a
+    zero-mean vector it equals LayerNorm with $\beta = 0$. Same result
+    as ``torch.nn.RMSNorm(d, eps=eps)``; the statistic is computed in
+    float32 at least, as Llama does, so half-precision inputs are safe.
+
+    Args:
+        d: feature width $D$. eps: $\epsilon$ inside the square root.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        check_int("d", d, minimum=1)
+        _check_eps(eps)
+        self.d, self.eps = d, eps
+        self.weight = nn.Parameter(torch.ones(d))              # gamma
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., D) -> (..., D)."""
+        _check_last("x", x, self.d)
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        # x / sqrt(mean(x^2) + eps)
+        inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * inv_rms).to(x.dtype) * self.weight        # (..., D)
+
+
+def make_norm(kind: str, d: int, *, eps: float | None = None,
+              bias: bool = True) -> nn.Module:
+    r"""``"layer"`` -> ``nn.LayerNorm`` (eps $10^{-5}$, bias optional),
+    ``"rms"`` -> :class:`RMSNorm` (eps $10^{-6}$, never a bias).
+    """
+    if kind not in ("layer", "rms"):
+        raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
+    check_int("d", d, minimum=1)
+    if eps is not None:
+        _check_eps(eps)
+    if kind == "layer":
+        return nn.LayerNorm(d, eps=1e-5 if eps is None else eps, bias=bias)
+    return RMSNorm(d, eps=1e-6 if eps is None else eps)
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Distinct parameter scalars of a built model (a tied matrix counts
+    once). Chapter 12's :func:`course_lib.sizing.params.count_parameters`
+    computes the same number from a configuration, without building.
+    """
+    check_type("model", model, nn.Module, "a torch.nn.Module")
+    return sum(p.numel() for p in model.parameters())
+
+
+class DecoderBlock(nn.Module):
+    r"""Pre-norm block with injected attention and FFN:
+
+    $$x \leftarrow x + \mathrm{Drop}(\mathrm{Attn}(\mathrm{Norm}_1(x))),
+    \qquad x \leftarrow x + \mathrm{Drop}(\mathrm{FFN}(\mathrm{Norm}_2(x))).$$
+
+    The attention module is called as ``attention(h, mask,
+    positions=positions, cache=cache)`` (a
+    :class:`~course_lib.model.mha.MultiHeadAttention`, with or without its RoPE
+    hook; later MLA) and the FFN as ``ffn(h)`` (:class:`FeedForward`,
+    :class:`SwiGLU`, later a mixture of experts). The block always returns
+    ``(x, aux)``: ``aux`` is what the FFN reports besides its output (an
+    MoE returns ``(out, info)``, chapter 11), ``None`` for a dense FFN.
+
+    Args:
+        d_model: $D$. attention, ffn: the two sub-layers.
+        norm: ``"rms"`` (Llama) or ``"layer"`` (GPT-2).
+        norm_bias: LayerNorm bias (ignored for RMSNorm).
+        eps: norm epsilon (default $10^{-6}$ rms, $10^{-5}$ layer).
+        dropout: residual dropout on each sub-layer output.
+    """
+
+    def __init__(self, d_model: int, *, attention: nn.Module,
+                 ffn: nn.Module, norm: str = "rms", norm_bias: bool = True,
+                 eps: float | None = None, dropout: float = 0.0) -> None:
+        super().__init__()
+        for name, mod in (("attention", attention), ("ffn", ffn)):
+            if not isinstance(mod, nn.Module):
+                raise ValueError(f"{name} must be an nn.Module, got "
+                                 f"{type(mod).__name__}")
+        self.norm1 = make_norm(norm, d_model, eps=eps, bias=norm_bias)
+        self.attention = attention
+        self.norm2 = make_norm(norm, d_model, eps=eps, bias=norm_bias)
+        self.ffn = ffn
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                *, positions: torch.Tensor | None = None,
+                cache: LayerKVCache | None = None):
+        """x (B, T, D) -> (x (B, T, D), aux); see above. ``mask``,
+        ``positions``, ``cache``: passed to the attention."""
+        # x = x + Attn(Norm1(x)): the identity path is never normalised.
+        a = self.attention(self.norm1(x), mask, positions=positions,
+                           cache=cache)
+        x = x + self.dropout(a)                              # (B, T, D)
+        # x = x + FFN(Norm2(x))
+        f = self.ffn(self.norm2(x))
+        f, aux = f if isinstance(f, tuple) else (f, None)    # MoE: (out, info)
+        x = x + self.dropout(f)                              # (B, T, D)
+        return x, aux

@@ -1,0 +1,427 @@
+r"""Multi-head attention, with grouped-query (GQA) and multi-query (MQA) heads.
+
+Multi-head attention (Vaswani et al. 2017) runs $h$ attention heads side
+by side, each in its own learned $d_k$-dimensional subspace, and mixes
+their outputs with one more matrix:
+
+$$\mathrm{MultiHead}(X) = \mathrm{Concat}(\mathrm{head}_1, \dots,
+\mathrm{head}_h)\,W^O, \qquad
+\mathrm{head}_i = \mathrm{Attention}(XW_i^Q, CW_i^K, CW_i^V),$$
+
+with $W_i^Q, W_i^K \in \mathbb{R}^{d_{\text{model}} \times d_k}$,
+$W_i^V \in \mathbb{R}^{d_{\text{model}} \times d_v}$ and
+$W^O \in \mathbb{R}^{h d_v \times d_{\text{model}}}$; $C = X$ in
+self-attention, another sequence in cross-attention. As in the paper,
+$d_k = d_v = d_{\text{model}} / h$; the $W_i^Q$ sit side by side as the
+columns of one $W^Q$ (``q_proj``): one matmul and a reshape serve all heads.
+
+Grouped-query attention (GQA, Ainslie et al. 2023) keeps $h$ query heads
+but only $g$ key/value heads (``n_kv_heads``); query head $i$ reads K/V head
+$\lfloor i / (h/g) \rfloor$. $g = h$ is ordinary multi-head attention,
+$g = 1$ is multi-query attention (MQA, Shazeer 2019): a smaller KV cache.
+
+Positions enter through one hook: given a
+:class:`~course_lib.model.rope.RotaryEmbedding` (``rope=``), the module
+rotates each head's queries and keys by their positions right after the
+projections (RoPE, chapter 2); without it, it is the paper's attention,
+whose positions were added to the embeddings at the input.
+
+Shape letters: B batch, T query length (``x``), S key/value length
+(``context``, or cached + new positions; S = T in plain self-attention),
+D = ``d_model``, H = ``n_heads`` (query heads), G = ``n_kv_heads``,
+d_k = ``head_dim`` = D / H. Module names follow the Llama checkpoints
+(``q_proj`` ... ``o_proj``).
+
+The module ends with the tensor layout every attention layer shares
+(MLA and tensor-parallel attention too): heads cut out of the feature axis
+and made a batch axis (:func:`split_heads`, :func:`merge_heads`), K/V heads
+repeated for GQA (:func:`repeat_kv`), a boolean mask brought to 4-D
+(:func:`mask_to_4d`) and the positions of the queries
+(:func:`query_positions`).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .._util.validation import check_int
+from .attention import fused_attention, scaled_dot_product_attention
+from .rope import RotaryEmbedding
+
+if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
+    from .kv_cache import LayerKVCache
+from .._util.validation import broadcasts_to, check_bool_mask, check_type
+
+__all__ = ["mha_param_count", "MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv", "mask_to_4d", "query_positions"]
+
+
+def _check_heads(d_model, n_heads, n_kv_heads) -> int:
+    """Validate the sizes; return n_kv_heads with None resolved to n_heads."""
+    check_int("d_model", d_model, minimum=1)
+    check_int("n_heads", n_heads, minimum=1)
+    if d_model % n_heads:
+        raise ValueError(
+            f"d_model must be divisible by n_heads, got d_model={d_model}, "
+            f"n_heads={n_heads}")
+    if n_kv_heads is None:
+        return n_heads
+    check_int("n_kv_heads", n_kv_heads, minimum=1)
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_heads must be divisible by n_kv_heads, got n_heads={n_heads}, "
+            f"n_kv_heads={n_kv_heads}")
+    return n_kv_heads
+
+
+def mha_param_count(*, d_model: int, n_heads: int,
+                    n_kv_heads: int | None = None, bias: bool = True) -> int:
+    r"""Closed-form parameter count of :class:`MultiHeadAttention`.
+
+    $W^Q$ and $W^O$ are $D \times D$; $W^K$ and $W^V$ are
+    $D \times g\,d_k$. With biases each projection adds its output width:
+
+    $$N = 2D^2 + 2\,D\,g\,d_k + [\text{bias}]\,(2D + 2\,g\,d_k),$$
+
+    which is $4D^2 + 4D$ for ordinary multi-head attention ($g = h$).
+
+    Args:
+        d_model: $D$; n_heads: $h$; n_kv_heads: $g$ (default $h$);
+        bias: whether the four projections have biases.
+
+    Returns:
+        The number of scalars.
+    """
+    g = _check_heads(d_model, n_heads, n_kv_heads)
+    kv_width = g * (d_model // n_heads)
+    n = 2 * d_model * d_model + 2 * d_model * kv_width
+    if bias:
+        n += 2 * d_model + 2 * kv_width
+    return n
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Multi-head attention with optional grouped K/V heads.
+
+    $\mathrm{MultiHead}(X, C) = \mathrm{Concat}_i\big(\mathrm{softmax}
+    (Q_i K_{k(i)}^\top / \sqrt{d_k})\,V_{k(i)}\big)\,W^O$ with
+    $Q = XW^Q$, $K = CW^K$, $V = CW^V$ split into heads and
+    $k(i) = \lfloor i\,g / h \rfloor$.
+
+    Args:
+        d_model: model width $D$ (divisible by ``n_heads``).
+        n_heads: query heads $h$; ``head_dim`` $= D / h$.
+        n_kv_heads: key/value heads $g$ (divides ``n_heads``); ``None``
+            means $g = h$ (ordinary MHA), 1 means MQA.
+        bias: biases in the four projections (the paper's formulas have
+            none; torch's ``nn.MultiheadAttention`` has them by default).
+        rope: the position hook: a
+            :class:`~course_lib.model.rope.RotaryEmbedding` of width
+            ``head_dim`` that rotates $q$ and $k$ (Llama), or ``None``
+            (positions, if any, were added at the input).
+        fused: run steps 4-5 in torch's fused kernel, which reads each
+            K/V head for its query heads without copying it (as
+            ``transformers`` runs Llama; chapter 13); same result up to
+            rounding. A call that asks for the weights runs the explicit
+            path anyway (the kernel keeps none).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *,
+                 n_kv_heads: int | None = None, bias: bool = True,
+                 rope: RotaryEmbedding | None = None,
+                 fused: bool = False) -> None:
+        super().__init__()
+        self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads)
+        if not isinstance(fused, bool):
+            raise ValueError(f"fused must be a bool, got {fused!r}")
+        self.fused = fused
+        if rope is not None and (not isinstance(rope, RotaryEmbedding)
+                                 or rope.head_dim != d_model // n_heads):
+            raise ValueError(f"rope must be None or a RotaryEmbedding with "
+                             f"head_dim={d_model // n_heads}, got {rope!r}")
+        self.rope = rope                             # the position hook
+        self.d_model, self.n_heads = d_model, n_heads
+        self.head_dim = d_model // n_heads           # d_k = d_v
+        self.n_rep = n_heads // self.n_kv_heads      # query heads per K/V head
+        kv_width = self.n_kv_heads * self.head_dim
+        # nn.Linear stores weight as (out, in), i.e. W^T: W^Q = q_proj.weight.T
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)   # W^Q
+        self.k_proj = nn.Linear(d_model, kv_width, bias=bias)  # W^K
+        self.v_proj = nn.Linear(d_model, kv_width, bias=bias)  # W^V
+        self.o_proj = nn.Linear(d_model, d_model, bias=bias)   # W^O
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, "
+                f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}")
+
+    # ------------------------------------------------------------ checks
+    def _inputs(self, x, context):
+        """Validate x and context; return context (x for self-attention)."""
+        for name, t, batch in (("x", x, "B"), ("context", context, None)):
+            if name == "context" and t is None:
+                return x
+            ok = isinstance(t, torch.Tensor) and t.dim() == 3 \
+                and t.shape[-1] == self.d_model
+            if name == "context":
+                ok = ok and t.shape[0] == x.shape[0]
+                batch = f"B={x.shape[0]}"
+            if not ok:
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else t
+                raise ValueError(f"{name} must have shape ({batch}, "
+                                 f"{'T' if name == 'x' else 'S'}, d_model="
+                                 f"{self.d_model}), got {shape}")
+        return context
+
+    def _mask4d(self, mask, B: int, T: int, S: int):
+        """:func:`mask_to_4d` for this module's ``n_heads``."""
+        return mask_to_4d(mask, B, self.n_heads, T, S)
+
+    # ----------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                *, context: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None,
+                cache: LayerKVCache | None = None) -> torch.Tensor:
+        r"""Batched multi-head attention: all heads in one reshape.
+
+        Args:
+            x: ``(B, T, D)`` queries come from here.
+            mask: bool, True = may attend; ``(T, S)``, ``(B, 1, S)``,
+                ``(B, T, S)`` or 4-D broadcastable to ``(B, H, T, S)``.
+            context: ``(B, S, D)`` keys and values come from here
+                (cross-attention); ``None`` means ``x`` (self-attention).
+            positions: ``(T,)`` positions of the queries, used by the
+                ``rope`` hook only; default $0, \dots, T-1$, or with a
+                cache the $T$ positions after the cached ones.
+            cache: self-attention only: this layer's
+                :class:`~course_lib.model.kv_cache.LayerKVCache`. The new K, V
+                (G heads, before repetition, keys already rotated) are
+                appended and attention runs over all cached positions, so
+                $S$ = cached + $T$ (chapter 9).
+
+        Returns:
+            ``(B, T, D)``. :meth:`forward_with_weights` returns the
+            attention weights too.
+        """
+        out, _ = self._attend(x, mask, context, positions, cache,
+                              need_weights=False)
+        return out                                           # (B, T, D)
+
+    def forward_with_weights(
+            self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
+            context: torch.Tensor | None = None,
+            positions: torch.Tensor | None = None,
+            cache: LayerKVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`, and the attention weights it used.
+
+        Always the explicit path (the fused kernel never forms the
+        weights), so a ``fused`` module gives the same output up to
+        rounding.
+
+        Returns:
+            ``(out, weights)``: ``(B, T, D)`` and ``(B, H, T, S)``.
+        """
+        return self._attend(x, mask, context, positions, cache,
+                            need_weights=True)
+
+    def _attend(self, x, mask, context, positions, cache, *,
+                need_weights: bool):
+        """The steps of :meth:`forward`; weights None unless needed."""
+        if cache is not None and context is not None:
+            raise ValueError("cache is for self-attention: pass context="
+                             "None with a cache")
+        context = self._inputs(x, context)
+        B, T, D = x.shape
+        H, G = self.n_heads, self.n_kv_heads
+        # 1) Project: Q = X W^Q, K = C W^K, V = C W^V (all heads at once).
+        q = self.q_proj(x)                                   # (B, T, H*d_k)
+        k = self.k_proj(context)                             # (B, S, G*d_k)
+        v = self.v_proj(context)                             # (B, S, G*d_k)
+        # 2) Split the feature axis into heads; heads become a batch axis.
+        q = split_heads(q, H)                                # (B, H, T, d_k)
+        k = split_heads(k, G)                                # (B, G, S, d_k)
+        v = split_heads(v, G)                                # (B, G, S, d_k)
+        # 3) Position hook: RoPE rotates q and k (never v), so that
+        #    q_m . k_n depends on m - n only (chapter 2).
+        if self.rope is not None:
+            positions = query_positions(positions, T, cache, x.device)
+            q = self.rope(q, positions)                      # (B, H, T, d_k)
+            k = self.rope(k, positions)                      # (B, G, T, d_k)
+        if cache is not None:
+            # KV cache: past keys/values + this call's (chapter 9).
+            k, v = cache.update(k, v)                        # (B, G, S, d_k)
+        mask = self._mask4d(mask, B, T, k.shape[2])
+        if self.fused and not need_weights:
+            # 4-5) in torch's kernel, K/V heads shared without copies
+            out, weights = fused_attention(
+                q, k, v, mask, enable_gqa=G != H), None      # (B, H, T, d_k)
+        else:
+            # 4) GQA/MQA: each K/V head serves n_rep query heads.
+            k = repeat_kv(k, self.n_rep)                     # (B, H, S, d_k)
+            v = repeat_kv(v, self.n_rep)                     # (B, H, S, d_k)
+            # 5) head_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i, every head.
+            out, weights = scaled_dot_product_attention(q, k, v, mask)
+        #    out (B, H, T, d_k), weights (B, H, T, S)
+        # 6) Concat(head_1, ..., head_h): heads back next to each other.
+        out = merge_heads(out)                               # (B, T, D)
+        # 7) MultiHead = Concat(...) W^O
+        return self.o_proj(out), weights                     # (B, T, D)
+
+    def forward_loop(self, x: torch.Tensor,
+                     mask: torch.Tensor | None = None, *,
+                     context: torch.Tensor | None = None,
+                     positions: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Reference form: one head at a time, exactly as the equation reads.
+
+        Head $i$ uses its own slices $W_i^Q$, $W_i^K$, $W_i^V$ (columns
+        $i d_k \dots (i+1) d_k - 1$ of $W^Q$, $W^K$, $W^V$; with GQA the K/V
+        slice of group $\lfloor i / n_{\text{rep}} \rfloor$), and the head
+        outputs are concatenated before $W^O$. Same arguments and results
+        as :meth:`forward_with_weights` (no cache): ``(out, weights)``;
+        slower, for teaching and tests.
+        """
+        context = self._inputs(x, context)
+        B, T, D = x.shape
+        S = context.shape[1]
+        d_k = self.head_dim
+        mask = self._mask4d(mask, B, T, S)
+        heads, all_weights = [], []
+        for i in range(self.n_heads):
+            g = i // self.n_rep                   # the K/V head query i reads
+            rq = slice(i * d_k, (i + 1) * d_k)    # rows of the (out, in)
+            rk = slice(g * d_k, (g + 1) * d_k)    # weight = columns of W
+            q_i = _head_proj(self.q_proj, rq, x)             # (B, T, d_k)
+            k_i = _head_proj(self.k_proj, rk, context)       # (B, S, d_k)
+            v_i = _head_proj(self.v_proj, rk, context)       # (B, S, d_k)
+            if self.rope is not None:
+                pos = query_positions(positions, T, None, x.device)
+                q_i, k_i = self.rope(q_i, pos), self.rope(k_i, pos)
+            # Pick this head's slice of the mask (broadcast axes stay 1).
+            m_i = None
+            if mask is not None:
+                m_i = mask if mask.dim() == 2 else \
+                    mask[:, i if mask.shape[1] > 1 else 0]   # (B|1, T|1, S)
+            # head_i = Attention(X W_i^Q, C W_i^K, C W_i^V)
+            h_i, w_i = scaled_dot_product_attention(
+                q_i, k_i, v_i, m_i)                          # (B, T, d_k)
+            heads.append(h_i)
+            all_weights.append(w_i.expand(B, T, S))          # (B, T, S)
+        # MultiHead = Concat(head_1, ..., head_h) W^O
+        out = self.o_proj(torch.cat(heads, dim=-1))          # (B, T, D)
+        return out, torch.stack(all_weights, dim=1)          # (B, H, T, S)
+
+
+def _head_proj(layer: nn.Linear, rows: slice,
+               x: torch.Tensor) -> torch.Tensor:
+    """x W_i + b_i: one head's columns of W (rows of the (out, in) weight)."""
+    bias = None if layer.bias is None else layer.bias[rows]
+    return nn.functional.linear(x, layer.weight[rows], bias)   # (B, T, d_k)
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    r"""Cut the feature axis into heads and make heads a batch axis.
+
+    Feature $i\,d_k + c$ is feature $c$ of head $i$ (head $i$ owns
+    columns $i d_k, \dots, (i+1) d_k - 1$ of $W^Q$), so a ``view`` to
+    ``(B, T, H, d_k)`` finds the heads; the transpose puts heads before
+    tokens, so attention runs on one (T, d_k) matrix per (batch, head).
+
+    Args:
+        x: ``(B, T, H * d_k)`` queries, keys or values; n_heads: H.
+
+    Returns:
+        ``(B, H, T, d_k)``.
+    """
+    check_int("n_heads", n_heads, minimum=1)
+    if x.dim() != 3 or x.shape[-1] % n_heads:
+        raise ValueError(f"x must have shape (B, T, n_heads * d_k) with "
+                         f"n_heads={n_heads}, got {tuple(x.shape)}")
+    B, T, width = x.shape
+    # Not x.view(B, H, T, d_k): that would mix tokens into heads.
+    x = x.view(B, T, n_heads, width // n_heads)      # (B, T, H, d_k)
+    return x.transpose(1, 2)                         # (B, H, T, d_k)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    r"""Inverse of :func:`split_heads`: $\mathrm{Concat}(\mathrm{head}_1,
+    \dots, \mathrm{head}_h)$ along the feature axis.
+
+    Args:
+        x: ``(B, H, T, d_k)``.
+
+    Returns:
+        ``(B, T, H * d_k)``, head $i$ in features $i d_k$ to $(i+1)d_k - 1$.
+    """
+    check_type("x", x, torch.Tensor, "a torch.Tensor")
+    if x.dim() != 4:
+        raise ValueError(f"x must have shape (B, H, T, d_k), got "
+                         f"{tuple(x.shape)}")
+    B, H, T, d_k = x.shape
+    # transpose makes x non-contiguous, so reshape (which copies) not view
+    return x.transpose(1, 2).reshape(B, T, H * d_k)  # (B, T, H*d_k)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    r"""Repeat each key/value head ``n_rep`` times along the head axis.
+
+    $g$ K/V heads serve $h = g\,n_{\text{rep}}$ query heads: query head
+    $i$ reads K/V head $\lfloor i / n_{\text{rep}} \rfloor$ (Llama layout).
+
+    Args:
+        x: ``(B, G, S, d_k)``; n_rep: ``n_heads // n_kv_heads`` (>= 1).
+
+    Returns:
+        ``(B, G * n_rep, S, d_k)``; ``x`` itself when ``n_rep == 1``.
+    """
+    check_int("n_rep", n_rep, minimum=1)
+    if x.dim() != 4:
+        raise ValueError(
+            f"x must have shape (B, G, S, d_k), got {tuple(x.shape)}")
+    if n_rep == 1:
+        return x
+    B, G, S, d_k = x.shape
+    # expand is a view (no copy); the reshape then materialises the copies.
+    x = x[:, :, None, :, :].expand(B, G, n_rep, S, d_k)  # (B, G, r, S, d_k)
+    return x.reshape(B, G * n_rep, S, d_k)               # (B, H, S, d_k)
+
+
+def mask_to_4d(mask, B: int, H: int, T: int, S: int):
+    """Bring a boolean mask (True = may attend) to 4-D (.., .., T, S),
+    checking that it broadcasts to ``(B, H, T, S)``.
+
+    A 3-D mask is read as per-example, (B, T, S) or (B, 1, S), so it
+    gains a head axis at 1: broadcasting it as-is would align its batch
+    axis with the head axis. ``None`` passes through.
+    """
+    if mask is None:
+        return None
+    check_bool_mask("mask", mask)
+    target, shape = (B, H, T, S), tuple(mask.shape)
+    m4 = mask[:, None] if mask.dim() == 3 else mask      # (B, 1, T|1, S)
+    if not (m4.dim() in (2, 4) and broadcasts_to(m4.shape, target)):
+        raise ValueError(
+            f"mask of shape {shape} does not broadcast to (B, H, T, S) "
+            f"= {target}; expected (T, S), (B, 1, S), (B, T, S) or "
+            f"(B, H, T, S)")
+    return m4
+
+
+def query_positions(positions, T: int, cache, device) -> torch.Tensor:
+    """The absolute positions (T,) of T queries: ``positions`` as given
+    (checked to have shape (T,) and, with a cache, to continue it), or by
+    default the T positions after those already in ``cache`` (0.. without
+    one). Used by every attention layer that rotates by position.
+    """
+    if positions is None:
+        past = len(cache) if cache is not None else 0
+        return torch.arange(past, past + T, device=device)   # (T,)
+    if not isinstance(positions, torch.Tensor) or \
+            tuple(positions.shape) != (T,):
+        got = getattr(positions, "shape", positions)
+        raise ValueError(f"positions must be a tensor of shape (T,) = "
+                         f"({T},), got {got}")
+    if cache is not None:
+        cache.check_next(positions)        # rotations must match the keys
+    return positions
