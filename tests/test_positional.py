@@ -385,6 +385,6 @@ def test_rope_cos_sin_table_equals_direct_computation(d, base):
             assert torch.equal(sin, torch.sin(angle).to(dtype))
 
 
-def test_rope_cos_sin_bad_base():
+def test_apply_rope_bad_base():
     with pytest.raises(ValueError, match="base"):
-        rope.rope_cos_sin(torch.arange(3), 8, base=-1.0)
+        rope.apply_rope(torch.zeros(3, 8), torch.arange(3), base=-1.0)

@@ -25,7 +25,6 @@ from .._util.validation import (
     check_real,
     check_type,
 )
-from .sinusoidal import frequencies
 
 __all__ = ["rope_permutation", "apply_rope", "RotaryEmbedding", "rope_cos_sin"]
 
@@ -84,6 +83,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, *,
         raise ValueError("x must be a floating-point torch.Tensor, got "
                          f"{getattr(x, 'dtype', type(x).__name__)}")
     _check_sequence("x", x)
+    check_real("base", base, positive=True)
     if not isinstance(positions, torch.Tensor):
         raise ValueError("positions must be a torch.Tensor, got "
                          f"{type(positions).__name__}")
@@ -150,6 +150,13 @@ class RotaryEmbedding(nn.Module):
                           interleaved=self.interleaved)
 
 
+def _theta(d: int, base: float) -> torch.Tensor:
+    """theta_i = base^(-2i/D), float64 (P,): the sinusoidal table's
+    frequencies (:func:`course_lib.model.sinusoidal.frequencies`)."""
+    two_i = torch.arange(0, d, 2, dtype=torch.float64)         # (P,)
+    return base ** (-two_i / d)                                # (P,)
+
+
 _TABLES: dict = {}          # (D, base, dtype, device) -> (cos, sin) (L, P)
 
 
@@ -178,7 +185,7 @@ def rope_cos_sin(positions: torch.Tensor, d: int, *, base: float = 10000.0,
             key = (d, float(base), dtype, positions.device)
             table = _TABLES.get(key)
             if table is None or table[0].shape[0] <= hi:
-                theta = frequencies(d, base)                   # (P,)
+                theta = _theta(d, base)                        # (P,)
                 L = max(1024, 1 << int(hi).bit_length())       # rows
                 pos = torch.arange(L, dtype=torch.float64)     # (L,)
                 angle = (pos[:, None] * theta).to(positions.device)
@@ -187,7 +194,7 @@ def rope_cos_sin(positions: torch.Tensor, d: int, *, base: float = 10000.0,
                 table = _TABLES[key] = (torch.cos(angle).to(dtype),
                                         torch.sin(angle).to(dtype))
             return table[0][positions], table[1][positions]  # (..., P)
-    theta = frequencies(d, base)                               # (P,)
+    theta = _theta(d, base)                                    # (P,)
     # Angles m * theta_i in float64, then cast.
     angle = positions.to(torch.float64)[..., None] * theta     # (..., P)
     return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
