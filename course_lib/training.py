@@ -43,7 +43,13 @@ from torch import nn
 from ._util.threads import small_ops
 from ._util.validation import check_batch, check_int, check_real, check_type
 
-__all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History", "train", "evaluate", "save_checkpoint", "read_state_file", "load_checkpoint", "IGNORE"]
+__all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History",
+           "train", "evaluate", "save_checkpoint", "read_state_file",
+           "load_checkpoint", "IGNORE"]
+
+# A target that no loss counts (padding, a prompt); also
+# torch.nn.functional.cross_entropy's default ignore_index.
+IGNORE = -100
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int,
@@ -341,4 +347,3 @@ def load_checkpoint(path, model: nn.Module,
     if restore_rng and state.get("rng") is not None:
         torch.set_rng_state(state["rng"])
     return {"step": state["step"], **state["extra"]}
-IGNORE = -100                    # a target that no loss counts

@@ -41,7 +41,8 @@ from course_lib.model.moe import MoE
 from course_lib.model.rope import RotaryEmbedding
 from course_lib.model.routing import DeepSeekV3Router, TopKRouter
 
-__all__ = ["check_tensor_parallel", "check_expert_parallel", "check_parallel_layers", "fail_on_rank", "sleep_on_rank"]
+__all__ = ["check_tensor_parallel", "check_expert_parallel",
+           "check_parallel_layers", "fail_on_rank", "sleep_on_rank"]
 
 
 def _diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:

@@ -12,7 +12,10 @@ from numbers import Integral, Real
 
 import torch
 
-__all__ = ["check_type", "check_attrs", "check_batch", "check_bool", "check_int", "check_real", "check_dropout", "check_top_k", "check_lengths", "check_bool_mask", "check_ids", "check_token_ids", "config_field", "broadcasts_to", "check_even"]
+__all__ = ["check_type", "check_attrs", "check_batch", "check_bool",
+           "check_int", "check_real", "check_dropout", "check_top_k",
+           "check_lengths", "check_bool_mask", "check_ids", "check_token_ids",
+           "config_field", "broadcasts_to", "check_even"]
 
 
 def check_type(name: str, value, expected, what: str) -> None:

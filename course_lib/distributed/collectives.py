@@ -28,7 +28,8 @@ import torch.distributed as dist
 
 from .._util.validation import check_int, check_type
 
-__all__ = ["group_rank_and_size", "resolve_rank_and_size", "require_group", "copy_to_parallel", "reduce_from_parallel", "all_to_all"]
+__all__ = ["group_rank_and_size", "resolve_rank_and_size", "require_group",
+           "copy_to_parallel", "reduce_from_parallel", "all_to_all"]
 
 
 def group_rank_and_size(group=None) -> tuple[int, int]:

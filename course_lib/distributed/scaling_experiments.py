@@ -34,7 +34,8 @@ from .expert_parallel import ExpertParallelMoE
 from .node_routing import cross_node_traffic
 from .tensor_parallel import TensorParallelAttention, TensorParallelSwiGLU
 
-__all__ = ["count_all_reduce", "tensor_parallel_run", "expert_parallel_run", "imbalance_run", "node_limited_run"]
+__all__ = ["count_all_reduce", "tensor_parallel_run", "expert_parallel_run",
+           "imbalance_run", "node_limited_run"]
 
 
 def _group(rank: int, world_size: int, size: int):

@@ -55,7 +55,8 @@ from .collectives import (
     resolve_rank_and_size,
 )
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelSwiGLU", "TensorParallelAttention"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelSwiGLU",
+           "TensorParallelAttention"]
 
 
 def _shard(t: torch.Tensor | None, dim: int, rank: int, world_size: int):

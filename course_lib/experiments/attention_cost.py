@@ -25,7 +25,8 @@ from .._util.timing import best_time
 from .._util.validation import check_int, check_lengths
 from ..model.attention import fused_attention, scaled_dot_product_attention
 
-__all__ = ["attention_weights_bytes", "AttentionTiming", "time_attention", "profile_fused_attention"]
+__all__ = ["attention_weights_bytes", "AttentionTiming", "time_attention",
+           "profile_fused_attention"]
 
 
 # ------------------------------------------------------------ the L x L cost

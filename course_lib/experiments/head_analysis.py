@@ -31,7 +31,8 @@ from ..model.masks import causal_mask
 from ..model.mha import MultiHeadAttention
 from ..training import IGNORE, next_token_loss, train
 
-__all__ = ["BOS", "induction_batch", "TinyAttentionModel", "train_induction", "accuracy", "head_scores", "copy_head", "head_distance"]
+__all__ = ["BOS", "induction_batch", "TinyAttentionModel", "train_induction",
+           "accuracy", "head_scores", "copy_head", "head_distance"]
 
 BOS = 0          # beginning-of-sequence token id
 

@@ -33,7 +33,9 @@ import torch
 
 from .._util.validation import check_int, check_type
 
-__all__ = ["offset_profile", "target_weight", "uniform_weights", "word_starts", "open_delimiters", "head_disagreement", "distance_baseline", "repeated_windows"]
+__all__ = ["offset_profile", "target_weight", "uniform_weights", "word_starts",
+           "open_delimiters", "head_disagreement", "distance_baseline",
+           "repeated_windows"]
 
 _OPEN, _CLOSE = "([{", ")]}"
 _QUOTES = "\"'"

@@ -19,7 +19,8 @@ from .._util.validation import check_real, check_type
 from ..model.rope import apply_rope
 from ..model.sinusoidal import frequencies
 
-__all__ = ["rotation_matrix", "offset_dot_product", "draw_clock_hands", "self_attention"]
+__all__ = ["rotation_matrix", "offset_dot_product", "draw_clock_hands",
+           "self_attention"]
 
 
 def rotation_matrix(k: float, d_model: int, base: float = 10000.0,

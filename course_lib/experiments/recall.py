@@ -19,7 +19,8 @@ from torch import nn
 from .._util.validation import check_int, check_real, check_type
 from ..training import train
 
-__all__ = ["make_recall_batch", "RNNRecaller", "AttentionRecaller", "train_recall", "recall_accuracy"]
+__all__ = ["make_recall_batch", "RNNRecaller", "AttentionRecaller",
+           "train_recall", "recall_accuracy"]
 
 
 def make_recall_batch(batch: int, distance: int, *, vocab_size: int,

@@ -23,7 +23,8 @@ from torch import nn
 
 from .._util.validation import check_int, check_real, check_type
 
-__all__ = ["SimpleRNN", "set_recurrent_scale", "gradient_norm_vs_distance", "PATH_KINDS", "max_path_length", "draw_seq2seq"]
+__all__ = ["SimpleRNN", "set_recurrent_scale", "gradient_norm_vs_distance",
+           "PATH_KINDS", "max_path_length", "draw_seq2seq"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda z: z}
 

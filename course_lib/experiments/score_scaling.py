@@ -15,7 +15,8 @@ import torch
 
 from .._util.validation import check_int, check_real
 
-__all__ = ["softmax_jacobian", "score_variance_mc", "SaturationStats", "saturation_stats"]
+__all__ = ["softmax_jacobian", "score_variance_mc", "SaturationStats",
+           "saturation_stats"]
 
 
 def softmax_jacobian(z: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,8 @@ from .._util.threads import small_ops
 from .._util.timing import best_time
 from .._util.validation import check_int, check_type
 
-__all__ = ["TimingResult", "time_recurrence_vs_attention", "recurrence_and_attention", "matmul_flops"]
+__all__ = ["TimingResult", "time_recurrence_vs_attention",
+           "recurrence_and_attention", "matmul_flops"]
 
 
 @dataclass

@@ -33,7 +33,9 @@ import torch.nn.functional as F
 from .._util.threads import small_ops
 from .._util.validation import check_ids, check_int, check_real
 
-__all__ = ["check_sampling_args", "sampling_distribution", "sample_next", "generate", "sequence_log_prob", "apply_temperature", "top_k_filter", "top_p_filter", "min_p_filter", "context_window"]
+__all__ = ["check_sampling_args", "sampling_distribution", "sample_next",
+           "generate", "sequence_log_prob", "apply_temperature",
+           "top_k_filter", "top_p_filter", "min_p_filter", "context_window"]
 
 
 def check_sampling_args(temperature, top_k, top_p, min_p=None) -> None:

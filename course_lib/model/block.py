@@ -39,7 +39,9 @@ from .._util.validation import check_int, check_real, check_type
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
 
-__all__ = ["ffn_param_count", "swiglu_param_count", "llama_hidden_dim", "FeedForward", "SwiGLU", "RMSNorm", "make_norm", "num_parameters", "DecoderBlock"]
+__all__ = ["ffn_param_count", "swiglu_param_count", "llama_hidden_dim",
+           "FeedForward", "SwiGLU", "RMSNorm", "make_norm", "num_parameters",
+           "DecoderBlock"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 

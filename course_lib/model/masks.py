@@ -30,7 +30,8 @@ import torch
 
 from .._util.validation import check_bool_mask, check_int, check_lengths
 
-__all__ = ["causal_mask", "sliding_window_mask", "padding_mask", "combine_masks", "additive_mask"]
+__all__ = ["causal_mask", "sliding_window_mask", "padding_mask",
+           "combine_masks", "additive_mask"]
 
 
 # ---------------------------------------------------------- building masks

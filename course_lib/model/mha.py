@@ -54,7 +54,8 @@ if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
 from .._util.validation import broadcasts_to, check_bool_mask, check_type
 
-__all__ = ["mha_param_count", "MultiHeadAttention", "split_heads", "merge_heads", "repeat_kv", "mask_to_4d", "query_positions"]
+__all__ = ["mha_param_count", "MultiHeadAttention", "split_heads",
+           "merge_heads", "repeat_kv", "mask_to_4d", "query_positions"]
 
 
 def _check_heads(d_model, n_heads, n_kv_heads) -> int:

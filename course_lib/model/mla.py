@@ -24,7 +24,8 @@ from .mha import mask_to_4d, query_positions
 from .rope import apply_rope
 from .yarn import check_rope_scaling, yarn_frequencies, yarn_rope, yarn_scales
 
-__all__ = ["MLAConfig", "deepseek_yarn", "mla_param_count", "MultiHeadLatentAttention"]
+__all__ = ["MLAConfig", "deepseek_yarn", "mla_param_count",
+           "MultiHeadLatentAttention"]
 
 
 @dataclass

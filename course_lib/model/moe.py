@@ -43,7 +43,8 @@ from .block import SwiGLU
 from .load_balancing import expert_load, load_balancing_loss
 from .routing import DeepSeekV3Router, Routing, TopKRouter
 
-__all__ = ["MoEInfo", "expert_capacity", "expected_fraction_touched", "MoE", "moe_from_config"]
+__all__ = ["MoEInfo", "expert_capacity", "expected_fraction_touched", "MoE",
+           "moe_from_config"]
 
 
 @dataclass

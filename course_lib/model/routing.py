@@ -35,7 +35,8 @@ from torch import nn
 from .._util.validation import check_int, check_real, check_top_k
 from .load_balancing import update_bias
 
-__all__ = ["Routing", "select_top_k", "TopKRouter", "group_limited_mask", "DeepSeekV3Router"]
+__all__ = ["Routing", "select_top_k", "TopKRouter", "group_limited_mask",
+           "DeepSeekV3Router"]
 
 
 @dataclass

@@ -20,7 +20,6 @@ from .._util.validation import check_even, check_int, check_real
 __all__ = ["frequencies", "wavelengths", "sinusoidal_encoding"]
 
 
-
 # ---------------------------------------------------- sinusoidal encoding
 def frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     r"""Angular frequency of each feature pair, $\omega_i = b^{-2i/D}$.

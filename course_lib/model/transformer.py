@@ -50,7 +50,8 @@ from .sinusoidal import sinusoidal_encoding
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     pass
 
-__all__ = ["TransformerConfig", "Transformer", "greedy_decode", "transformer_param_count", "EncoderLayer", "DecoderLayer"]
+__all__ = ["TransformerConfig", "Transformer", "greedy_decode",
+           "transformer_param_count", "EncoderLayer", "DecoderLayer"]
 
 
 @dataclass

@@ -36,7 +36,8 @@ import torch
 
 from .._util.validation import check_int, check_real
 
-__all__ = ["YARN_KEYS", "check_rope_scaling", "yarn_correction_range", "yarn_frequencies", "yarn_mscale", "yarn_scales", "yarn_rope"]
+__all__ = ["YARN_KEYS", "check_rope_scaling", "yarn_correction_range",
+           "yarn_frequencies", "yarn_mscale", "yarn_scales", "yarn_rope"]
 
 # The keys of DeepSeek-V3's config.json "rope_scaling", all required.
 YARN_KEYS = ("type", "factor", "original_max_position_embeddings",

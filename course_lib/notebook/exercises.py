@@ -25,7 +25,8 @@ from .i18n import tr
 from .markdown import markdown_to_html
 from .widgets import check_key, widget_bundle
 
-__all__ = ["Feedback", "Exercise", "parse_number", "NumericExercise", "ChoiceExercise"]
+__all__ = ["Feedback", "Exercise", "parse_number", "NumericExercise",
+           "ChoiceExercise"]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ from typing import Any, Callable, Mapping
 
 from .._util.validation import check_real
 
-__all__ = ["BODY_PX", "PHONE_COLUMN_PX", "PHONE_MIN_PX", "FRAME_DENSITY", "frame_font_pt", "draw_frame", "smallest_text_pt", "clipped_texts", "frame_png", "figure_to_png"]
+__all__ = ["BODY_PX", "PHONE_COLUMN_PX", "PHONE_MIN_PX", "FRAME_DENSITY",
+           "frame_font_pt", "draw_frame", "smallest_text_pt", "clipped_texts",
+           "frame_png", "figure_to_png"]
 
 BODY_PX = 16            # the book's body text (a paragraph's font-size)
 PHONE_COLUMN_PX = 358   # text column at a 390 px wide phone viewport

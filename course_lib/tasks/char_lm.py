@@ -33,7 +33,9 @@ from ..model.decoder_lm import DecoderLM, DecoderLMConfig
 from ..training import History, read_state_file, train
 from .text_corpus import CharVocab, char_batches, load_pydoc_corpus
 
-__all__ = ["CHECKPOINT_PATH", "MODEL_CONFIG", "TRAIN_SETTINGS", "char_lm_config", "train_char_lm", "bits_per_char", "save_char_lm", "load_char_lm", "load_char_lm_info"]
+__all__ = ["CHECKPOINT_PATH", "MODEL_CONFIG", "TRAIN_SETTINGS",
+           "char_lm_config", "train_char_lm", "bits_per_char", "save_char_lm",
+           "load_char_lm", "load_char_lm_info"]
 
 #: The committed checkpoint (package data: see ``pyproject.toml``).
 CHECKPOINT_PATH = Path(__file__).resolve().parents[1] / "data" / \

@@ -36,7 +36,10 @@ from .._util.validation import check_int, check_type
 from ..model.decoder_lm import DecoderLM, DecoderLMConfig
 from ..training import IGNORE, History, next_token_loss, read_state_file, train
 
-__all__ = ["MarkovSource", "stationary_distribution", "entropy_rate", "random_markov_source", "sample_markov", "token_nll", "lm_batches", "LMRun", "train_synthetic_lm", "SYNTHETIC_LM_PATH", "save_synthetic_lm", "load_synthetic_lm"]
+__all__ = ["MarkovSource", "stationary_distribution", "entropy_rate",
+           "random_markov_source", "sample_markov", "token_nll", "lm_batches",
+           "LMRun", "train_synthetic_lm", "SYNTHETIC_LM_PATH",
+           "save_synthetic_lm", "load_synthetic_lm"]
 
 
 # ------------------------------------------------------ synthetic language

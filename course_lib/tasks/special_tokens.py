@@ -1,13 +1,11 @@
 """The special token ids shared by the course's synthetic tasks.
 
 The toy translation (chapter 7) numbers its special tokens the same way in
-both vocabularies, and every loss skips targets equal to ``IGNORE``, which
-is also ``torch.nn.functional.cross_entropy``'s default ``ignore_index``.
+both vocabularies; a target no loss counts is
+:data:`course_lib.training.IGNORE`.
 A real model brings its own special tokens (chapter 13 reads them from the
 model file).
 """
-
-
 
 __all__ = ["PAD", "BOS", "EOS", "SPECIALS"]
 

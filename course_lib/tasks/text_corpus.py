@@ -25,7 +25,8 @@ import torch
 
 from .._util.validation import check_int, check_type
 
-__all__ = ["PRINTABLE", "PLACEHOLDER", "normalize_text", "PydocCorpus", "load_pydoc_corpus", "CharVocab", "char_batches"]
+__all__ = ["PRINTABLE", "PLACEHOLDER", "normalize_text", "PydocCorpus",
+           "load_pydoc_corpus", "CharVocab", "char_batches"]
 
 #: The fixed alphabet: newline and the 95 printable ASCII characters.
 PRINTABLE = "\n" + "".join(chr(c) for c in range(32, 127))

@@ -30,7 +30,10 @@ from ..model.transformer import Transformer, TransformerConfig, greedy_decode
 from ..training import IGNORE, History, train
 from .special_tokens import BOS, EOS, PAD, SPECIALS
 
-__all__ = ["translate", "TranslationTask", "make_translation_task", "collate_translation", "translation_batches", "seq2seq_loss", "TranslationRun", "translation_model", "train_toy_translation", "greedy_translate"]
+__all__ = ["translate", "TranslationTask", "make_translation_task",
+           "collate_translation", "translation_batches", "seq2seq_loss",
+           "TranslationRun", "translation_model", "train_toy_translation",
+           "greedy_translate"]
 
 
 # source word -> target word; the target words are the "foreign" lexicon
