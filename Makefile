@@ -20,7 +20,7 @@ help:
 	@echo "make zh          write and run the Chinese notebooks (zh/book/)"
 	@echo "make bench       time chapters and the build -> benchmarks/results.md"
 	@echo "make checkpoints retrain chapter 7's two models (about 10 min)"
-	@echo "make mutation    mutation testing (MODULES=attention to pick modules)"
+	@echo "make mutation    mutation testing (MODULES=model.attention to pick)"
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -171,10 +171,11 @@ checkpoints: $(STAMP)
 # Mutation testing with mutmut (config: [tool.mutmut] in pyproject.toml;
 # results: benchmarks/mutation.md). The core modules live in ONE place,
 # MUTATION_MODULES: update it when modules move. A full run takes hours on
-# 2 cores, so pick modules: `make mutation MODULES="attention masking"`.
-MUTATION_MODULES := attention score_scaling masking heads mha mla_config mla \
-                    routing load_balancing moe sampling kv_cache decoding \
-                    training
+# 2 cores, so pick modules: `make mutation MODULES="model.attention model.masks"`.
+MUTATION_MODULES := model.attention experiments.score_scaling model.masks \
+                    model.mha model.mla model.routing model.load_balancing \
+                    model.moe generation.sampling model.kv_cache \
+                    generation.decoding training
 MODULES ?= $(MUTATION_MODULES)
 MUTATION_JOBS ?= 2
 

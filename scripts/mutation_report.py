@@ -16,7 +16,8 @@ TIMEOUT = {36, -24, 24, 152, 255}
 
 
 def summary(module: str) -> tuple[dict, list[str]]:
-    meta = Path("mutants") / "course_lib" / f"{module}.py.meta"
+    meta = (Path("mutants") / "course_lib" /
+            f"{module.replace('.', '/')}.py.meta")
     if not meta.is_file():
         raise SystemExit(f"{meta} not found: run `make mutation` first")
     codes = json.loads(meta.read_text())["exit_code_by_key"]
