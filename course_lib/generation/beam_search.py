@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from .._util.threads import small_ops
 from .._util.validation import check_ids, check_int, check_real
-from .sampling import context_window
+from .sampling import context_window, model_logits
 
 __all__ = ["Beam", "length_penalty_factor", "beam_search"]
 
@@ -128,12 +128,7 @@ def beam_search(model: torch.nn.Module, prompt_ids: torch.Tensor, *,
     try:
         for step in range(max_new_tokens):
             context = beams if window is None else beams[:, -window:]
-            logits = model(context)                           # (W, T', V)
-            if logits.dim() != 3 or logits.shape[:2] != context.shape:
-                raise ValueError(
-                    f"model must return logits of shape (B, T, V) = "
-                    f"({context.shape[0]}, {context.shape[1]}, V), got "
-                    f"{tuple(logits.shape)}")
+            logits = model_logits(model, context)             # (W, T', V)
             V = logits.shape[-1]
             if eos_id is not None and eos_id >= V:
                 raise ValueError(f"eos_id must be < V = {V}, got {eos_id}")

@@ -35,7 +35,8 @@ from .._util.validation import check_ids, check_int, check_real
 
 __all__ = ["check_sampling_args", "sampling_distribution", "sample_next",
            "generate", "sequence_log_prob", "apply_temperature",
-           "top_k_filter", "top_p_filter", "min_p_filter", "context_window"]
+           "top_k_filter", "top_p_filter", "min_p_filter", "context_window",
+           "model_logits"]
 
 
 def check_sampling_args(temperature, top_k, top_p, min_p=None) -> None:
@@ -142,6 +143,29 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 1.0,
     return ids.reshape(logits.shape[:-1])                     # (B,) or ()
 
 
+def context_window(model, max_len: int | None) -> int | None:
+    """How many of the last tokens a decoding loop feeds the model:
+    ``max_len`` if given, else the model's ``config.max_len``, else all
+    (``None``)."""
+    if max_len is None:
+        max_len = getattr(getattr(model, "config", None), "max_len", None)
+    if max_len is not None:
+        check_int("max_len", max_len, minimum=1)
+    return max_len
+
+
+def model_logits(model, context: torch.Tensor) -> torch.Tensor:
+    """``model(context)``, checked to be next-token logits (B, T, V) for
+    the context (B, T): the one model call of every decoding step."""
+    logits = model(context)                                  # (B, T, V)
+    if logits.dim() != 3 or logits.shape[:2] != context.shape:
+        raise ValueError(
+            f"model must return logits of shape (B, T, V) = "
+            f"({context.shape[0]}, {context.shape[1]}, V), got "
+            f"{tuple(logits.shape)}")
+    return logits
+
+
 @torch.no_grad()
 @small_ops()  # one small forward per token: see course_lib._util.threads
 def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
@@ -187,12 +211,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     try:
         for _ in range(max_new_tokens):
             context = idx if window is None else idx[:, -window:]  # (B, T')
-            logits = model(context)                          # (B, T', V)
-            if logits.dim() != 3 or logits.shape[:2] != context.shape:
-                raise ValueError(
-                    f"model must return logits of shape (B, T, V) = "
-                    f"({context.shape[0]}, {context.shape[1]}, V), got "
-                    f"{tuple(logits.shape)}")
+            logits = model_logits(model, context)            # (B, T', V)
             nxt = sample_next(logits[:, -1, :], temperature=temperature,
                               top_k=top_k, top_p=top_p, min_p=min_p,
                               generator=generator)           # (B,)
@@ -431,10 +450,3 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     keep = logits - z_max >= math.log(min_p)                  # (..., V)
     return logits.masked_fill(~keep, float("-inf"))
 
-
-def context_window(model, max_len: int | None) -> int | None:
-    if max_len is None:
-        max_len = getattr(getattr(model, "config", None), "max_len", None)
-    if max_len is not None:
-        check_int("max_len", max_len, minimum=1)
-    return max_len

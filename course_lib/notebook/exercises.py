@@ -347,7 +347,6 @@ class NumericExercise(Exercise):
                                         for v, m in self.mistakes]},
                           ensure_ascii=False)
         data = data.replace("</", "<\\/")    # never close the <script>
-        name = html.escape(self._name)
         return f"""<p><input type="text" class="ti-answer" id="{dom}-answer"
 aria-label="{html.escape(tr('Answer to {name}', name=self._name))}"
 aria-describedby="{dom}-prompt"
@@ -474,7 +473,6 @@ class ChoiceExercise(Exercise):
                                             for e in self.explanations]},
                           ensure_ascii=False)
         data = data.replace("</", "<\\/")    # never close the <script>
-        name = html.escape(self._name)
         return f"""<div class="ti-options" role="radiogroup"
 aria-label="{html.escape(tr('Options for {name}', name=self._name))}"
 aria-describedby="{dom}-prompt">
