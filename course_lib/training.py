@@ -30,7 +30,10 @@ Shape letters: B batch, T length, V vocabulary.
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import math
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +47,8 @@ from ._util.threads import small_ops
 from ._util.validation import check_batch, check_int, check_real, check_type
 
 __all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History",
-           "train", "evaluate", "save_checkpoint", "read_state_file",
-           "load_checkpoint", "IGNORE"]
+           "train", "evaluate", "save_checkpoint", "save_state_file",
+           "read_state_file", "load_checkpoint", "IGNORE"]
 
 # A target that no loss counts (padding, a prompt); also
 # torch.nn.functional.cross_entropy's default ignore_index.
@@ -283,6 +286,11 @@ def save_checkpoint(path, model: nn.Module,
     tensors, and lists, tuples and dicts of those; anything else (a NumPy
     scalar, a dataclass, a path) is rejected here rather than saved
     unreadable.
+
+    The file is what ``torch.save`` writes (``torch.load`` reads it as
+    usual) with the sha256 of its bytes in the zip archive's comment at
+    the end: :func:`load_checkpoint` refuses a file whose bytes changed
+    after saving instead of loading silently changed weights.
     """
     check_int("step", step, minimum=0)
     for key, value in extra.items():
@@ -291,11 +299,68 @@ def save_checkpoint(path, model: nn.Module,
                 f"extra {key}={value!r:.60} cannot be loaded back safely: "
                 f"use None, bool, int, float, str, a tensor, or a list, "
                 f"tuple or dict of those (e.g. float(x), str(path))")
-    torch.save({"model": model.state_dict(),
-                "optimizer": None if optimizer is None
-                else optimizer.state_dict(),
-                "rng": torch.get_rng_state(),          # dropout stream
-                "step": step, "extra": extra}, Path(path))
+    save_state_file(path, {
+        "model": model.state_dict(),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "rng": torch.get_rng_state(),                  # dropout stream
+        "step": step, "extra": extra})
+
+
+def save_state_file(path, state: dict) -> None:
+    """``torch.save(state, path)``, with the sha256 of the file's bytes
+    recorded at its end, so that :func:`read_state_file` (and every
+    loader of the course built on it) refuses the file if a byte changes
+    later. ``torch.load`` still reads it as usual."""
+    check_type("state", state, dict, "a dict")
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    Path(path).write_bytes(_with_sha256(buffer.getvalue()))
+
+
+# A file torch.save wrote is a zip archive; it ends with the 22-byte "end
+# of central directory" record (signature PK\x05\x06), whose last two
+# bytes give the length of the archive's comment, which follows it. Zip
+# readers, torch.load among them, skip the comment. save_checkpoint puts
+# _SHA256_TAG and the sha256 (64 hex digits) of every byte before those
+# digits there.
+_SHA256_TAG = b"course_lib checkpoint sha256 "
+_END_RECORD = b"PK\x05\x06"
+
+
+def _with_sha256(data: bytes) -> bytes:
+    """``data`` (a ``torch.save`` zip archive without a comment) with the
+    comment ``_SHA256_TAG`` + the sha256 of everything before the digits.
+    """
+    if data[-22:-18] != _END_RECORD or data[-2:] != b"\0\0":
+        raise RuntimeError("torch.save wrote no zip archive without a "
+                           "comment; cannot record the checkpoint's sha256")
+    head = data[:-2] + struct.pack("<H", len(_SHA256_TAG) + 64) + _SHA256_TAG
+    return head + hashlib.sha256(head).hexdigest().encode("ascii")
+
+
+def _verified_bytes(path: Path) -> bytes:
+    """The bytes of ``path``, after checking the sha256 that
+    :func:`save_checkpoint` put at their end.
+
+    A file without one (written by ``torch.save`` itself: its archive
+    comment is empty, so it ends in two zero bytes) is returned as it is;
+    any other file must end in ``_SHA256_TAG`` and the sha256 of the
+    bytes before the digits. One changed byte cannot make a recorded file
+    pass for one without a digest (its last two bytes are hex digits,
+    never zero bytes), so any single changed byte of a saved checkpoint
+    is caught.
+    """
+    data = path.read_bytes()
+    if data[-22:-18] == _END_RECORD and data[-2:] == b"\0\0":
+        return data                        # plain torch.save: nothing to check
+    head, digits = data[:-64], data[-64:]
+    if not head.endswith(_SHA256_TAG) or \
+            hashlib.sha256(head).hexdigest().encode("ascii") != digits:
+        raise ValueError(
+            f"{str(path)!r} is damaged or was changed after it was saved: "
+            f"its bytes do not match the sha256 recorded in it (or it is "
+            f"not a torch.save file)")
+    return data
 
 
 def _loadable(value) -> bool:
@@ -315,18 +380,34 @@ def read_state_file(path, what: str, hint: str = "") -> dict:
     ``weights_only``), or a ``ValueError`` naming ``what`` was expected
     there (``hint``: what to do about it, appended to the message). Used
     by every checkpoint loader of the course.
+
+    A file written by :func:`save_checkpoint` carries the sha256 of its
+    bytes; it is checked before anything is loaded, and a mismatch (the
+    file was damaged or changed) is a ``ValueError`` naming the path. A
+    plain ``torch.save`` file has no digest to check; if ``torch.load``
+    cannot read it, that is also a ``ValueError`` naming the path.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"path must be an existing {what}, got "
                          f"{str(path)!r}{hint}")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    data = _verified_bytes(path)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu",
+                          weights_only=True)
+    except (RuntimeError, EOFError) as err:     # a damaged zip or pickle
+        raise ValueError(f"{str(path)!r} is not a readable {what} (damaged "
+                         f"or not a torch.save file): {err}") from err
 
 
 def load_checkpoint(path, model: nn.Module,
                     optimizer: torch.optim.Optimizer | None = None, *,
                     restore_rng: bool = True) -> dict:
     """Load a :func:`save_checkpoint` file into ``model`` (and optimizer).
+
+    The file's sha256 is checked first (:func:`read_state_file`): a
+    damaged or changed file raises a ``ValueError`` naming the path, and
+    nothing is loaded.
 
     Args:
         restore_rng: also set torch's global generator to the saved state,

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.model import attention, attention as A, masks
+from course_lib.model import attention, masks
 from course_lib.experiments import attention_cost, score_scaling
 
 
@@ -255,7 +255,7 @@ def test_time_attention_rows(fake_clock, monkeypatch):
 # ------------------------------------------------------------ bad inputs
 def test_bad_inputs_attention():
     q, k, v = _qkv(2)
-    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
         attention.scaled_dot_product_attention(q, k, v, torch.ones(5, 7))
     with pytest.raises(ValueError, match=r"mask of shape \(5, 6\) does not"):
         attention.scaled_dot_product_attention(q, k, v, torch.ones(5, 6).bool())
@@ -269,28 +269,27 @@ def test_bad_inputs_attention():
         attention.scaled_dot_product_attention(q, k[..., :3], v)
     with pytest.raises(ValueError, match="k and v must share the length Lk"):
         attention.scaled_dot_product_attention(q, k, v[:, :4])
-    with pytest.raises(ValueError, match="q must be a tensor"):
+    with pytest.raises(ValueError, match="q must have shape"):
         attention.scaled_dot_product_attention(torch.ones(3), k, v)
-    with pytest.raises(ValueError, match="k must be floating point"):
+    with pytest.raises(TypeError, match="k must be floating point"):
         attention.scaled_dot_product_attention(q, k.long(), v)
     with pytest.raises(ValueError, match="leading dims"):
         attention.scaled_dot_product_attention(q, torch.randn(3, 7, 8), v)
     with pytest.raises(ValueError, match="scale must be > 0, got 0.0"):
         attention.scaled_dot_product_attention(q, k, v, scale=0.0)
-    with pytest.raises(ValueError, match="scale must be a real number"):
+    with pytest.raises(TypeError, match="scale must be a real number"):
         attention.scaled_dot_product_attention(q, k, v, scale="big")
-    with pytest.raises(ValueError, match="enable_gqa must be a bool"):
+    with pytest.raises(TypeError, match="enable_gqa must be a bool"):
         attention.fused_attention(q, k, v, enable_gqa=1)
     with pytest.raises(ValueError, match=r"enable_gqa=True needs q \(B, H, "
-                       r"Lq, d_k\) and k \(B, G, Lk, d_k\) with H a multiple "
-                       r"of G, got q \(2, 5, 8\), k \(2, 7, 8\)"):
+                       r"Lq, d_k\)"):
         attention.fused_attention(q, k, v, enable_gqa=True)
     q4, k4 = torch.randn(1, 3, 5, 8), torch.randn(1, 2, 7, 8)
     with pytest.raises(ValueError, match="with H a multiple of G"):
         attention.fused_attention(q4, k4, k4, enable_gqa=True)
     with pytest.raises(ValueError, match="q and k must share d_k"):
         attention.fused_attention(q, k[..., :3], v)
-    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
         attention.fused_attention(q4, k4[:, :1], k4[:, :1], torch.ones(5, 7),
                           enable_gqa=True)
 
@@ -298,23 +297,23 @@ def test_bad_inputs_attention():
 def test_bad_inputs_masks_and_helpers():
     with pytest.raises(ValueError, match="q_len must be >= 1, got 0"):
         masks.causal_mask(0)
-    with pytest.raises(ValueError, match="k_len must be an int"):
+    with pytest.raises(TypeError, match="k_len must be an int"):
         masks.causal_mask(3, 2.5)
     with pytest.raises(ValueError, match="window must be >= 1, got 0"):
         masks.sliding_window_mask(4, window=0)
-    with pytest.raises(ValueError, match="lengths must be <= max_len = 4"):
+    with pytest.raises(ValueError, match="each of lengths must be <= 4"):
         masks.padding_mask([5], 4)
     with pytest.raises(ValueError, match="each of lengths must be >= 0"):
         masks.padding_mask([-1], 4)
-    with pytest.raises(ValueError, match="each of lengths must be an int"):
+    with pytest.raises(TypeError, match="each of lengths must be an int"):
         masks.padding_mask(torch.tensor([1.0, 2.0]), 4)
     with pytest.raises(ValueError, match="lengths must be a non-empty list"):
         masks.padding_mask([], 4)
-    with pytest.raises(ValueError, match="masks must be a bool tensor"):
+    with pytest.raises(TypeError, match="masks must be a bool tensor"):
         masks.combine_masks(masks.causal_mask(3), torch.ones(3, 3))
     with pytest.raises(ValueError, match=r"masks of shapes \[\(3, 3\), "):
         masks.combine_masks(masks.causal_mask(3), masks.causal_mask(4))
-    with pytest.raises(ValueError, match="z must be a floating tensor"):
+    with pytest.raises(TypeError, match="z must be a floating tensor"):
         score_scaling.softmax_jacobian(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="d_k must be >= 1, got 0"):
         score_scaling.score_variance_mc(0, 100)
@@ -374,42 +373,33 @@ def _full(pattern):
     return "^" + re.escape(pattern) + "$"
 
 
-def test_attention_input_messages_in_full():
+def test_attention_inputs_rejected_naming_the_argument():
     q, k, v = _qkv(2)
     sdpa = attention.scaled_dot_product_attention
-    for call, message in (
-            (lambda: sdpa(torch.ones(3), k, v),
-             "q must be a tensor (..., L, d), got torch.Size([3])"),
-            (lambda: sdpa([1.0], k, v),
-             "q must be a tensor (..., L, d), got [1.0]"),
-            (lambda: sdpa(q, k, torch.ones(3)),
-             "v must be a tensor (..., L, d), got torch.Size([3])"),
-            (lambda: sdpa(q, k, v.long()),
-             "v must be floating point, got torch.int64"),
-            (lambda: sdpa(q, k[..., :3], v), "q and k must share d_k, got "
-             "q (2, 5, 8), k (2, 7, 3), v (2, 7, 6)"),
-            (lambda: sdpa(q, k, v[:, :4]), "k and v must share the length "
-             "Lk, got q (2, 5, 8), k (2, 7, 8), v (2, 4, 6)"),
-            (lambda: sdpa(q, torch.randn(3, 7, 8), v), "leading dims do not "
-             "broadcast: q (2, 5, 8), k (3, 7, 8), v (2, 7, 6)"),
+    for call, error, name in (
+            (lambda: sdpa(torch.ones(3), k, v), ValueError, "q"),
+            (lambda: sdpa([1.0], k, v), TypeError, "q"),
+            (lambda: sdpa(q, k, torch.ones(3)), ValueError, "v"),
+            (lambda: sdpa(q, k, v.long()), TypeError, "v"),
+            (lambda: sdpa(q, k[..., :3], v), ValueError, "q and k"),
+            (lambda: sdpa(q, k, v[:, :4]), ValueError, "k and v"),
+            (lambda: sdpa(q, torch.randn(3, 7, 8), v), ValueError,
+             "leading dims"),
             (lambda: attention_cost.attention_weights_bytes(4, batch=0),
-             "batch must be >= 1, got 0"),
+             ValueError, "batch"),
             (lambda: attention_cost.attention_weights_bytes(4, n_heads=0),
-             "n_heads must be >= 1, got 0")):
-        with pytest.raises(ValueError, match=_full(message)):
+             ValueError, "n_heads")):
+        with pytest.raises(error, match=f"^{name} "):
             call()
-    gqa = ("enable_gqa=True needs q (B, H, Lq, d_k) and k (B, G, Lk, d_k) "
-           "with H a multiple of G, got ")
     q4 = torch.randn(1, 4, 5, 8)
-    for qq, kk, shown in (
-            ([1.0], k, "q (), k (2, 7, 8)"),
-            (q4, [1.0], "q (1, 4, 5, 8), k ()"),
+    for qq, kk, error in (
+            ([1.0], k, TypeError),
+            (q4, [1.0], TypeError),
             # no K/V head at all: a ValueError, not a ZeroDivisionError
-            (q4, torch.randn(1, 0, 7, 8), "q (1, 4, 5, 8), k (1, 0, 7, 8)"),
+            (q4, torch.randn(1, 0, 7, 8), ValueError),
             # 3-D q and k whose second sizes divide: still not (B, H, L, d)
-            (torch.randn(2, 6, 8), torch.randn(2, 3, 8),
-             "q (2, 6, 8), k (2, 3, 8)")):
-        with pytest.raises(ValueError, match=_full(gqa + shown)):
+            (torch.randn(2, 6, 8), torch.randn(2, 3, 8), ValueError)):
+        with pytest.raises(error, match="^q |^k |^enable_gqa=True needs"):
             attention.fused_attention(qq, kk, kk, enable_gqa=True)
 
 
@@ -476,7 +466,7 @@ def test_fused_attention_mask_with_batch_axes_only_v_has():
 
 def test_fused_attention_checks_its_mask_and_scale_without_gqa():
     q, k, v = torch.randn(5, 8), torch.randn(7, 8), torch.randn(7, 6)
-    with pytest.raises(ValueError, match="^mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="^mask must be a bool tensor"):
         attention.fused_attention(q, k, v, torch.ones(5, 7))
     # an unbatched call: a batched mask would silently add a batch axis
     with pytest.raises(ValueError, match=_full(
@@ -632,3 +622,8 @@ def test_time_attention_causal_and_seed_by_hand(fake_clock, monkeypatch):
         with pytest.raises(ValueError, match=_full(
                 f"{name} must be >= 1, got 0")):
             attention_cost.time_attention([2], **{name: 0})
+
+
+def test_time_attention_causal_must_be_a_bool():
+    with pytest.raises(TypeError, match="causal"):
+        attention_cost.time_attention([8], causal="False")

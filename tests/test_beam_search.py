@@ -10,6 +10,7 @@ from course_lib.generation import beam_search, sampling
 from course_lib.generation.beam_search import (Beam, beam_search,
                                                length_penalty_factor)
 from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
+from errors import error_for
 
 
 def tiny_lm(vocab_size: int, seed: int) -> DecoderLM:
@@ -169,16 +170,16 @@ def test_result_types_and_restored_mode():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(beam_width=0), "beam_width"),
-    (dict(beam_width=2.0), "beam_width"),
+    (dict(beam_width=2.0), "beam_width must be an int"),
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(length_penalty=-1.0), "length_penalty"),
-    (dict(length_penalty="1"), "length_penalty"),
+    (dict(length_penalty="1"), "length_penalty must be a real number"),
     (dict(eos_id=-1), "eos_id"),
     (dict(eos_id=99), "eos_id"),
 ])
 def test_bad_arguments_raise(kwargs, match):
     args = dict(beam_width=2, max_new_tokens=3) | kwargs
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         beam_search(tiny_lm(5, 0), torch.tensor([1, 2]), **args)
 
 
@@ -186,6 +187,6 @@ def test_bad_prompt_raises():
     with pytest.raises(ValueError, match="prompt_ids"):
         beam_search(tiny_lm(5, 0), torch.tensor([[1, 2]]), beam_width=2,
                     max_new_tokens=2)
-    with pytest.raises(ValueError, match="prompt_ids"):
+    with pytest.raises(TypeError, match="prompt_ids"):
         beam_search(tiny_lm(5, 0), torch.tensor([1.0]), beam_width=2,
                     max_new_tokens=2)

@@ -13,6 +13,7 @@ from course_lib.model.block import DecoderBlock
 from course_lib.model.transformer import DecoderLayer, EncoderLayer
 from course_lib.model.block import FeedForward, RMSNorm, SwiGLU
 from course_lib.model.mha import MultiHeadAttention
+from course_lib.model.moe import MoE
 
 ATOL = 1e-5
 
@@ -112,8 +113,9 @@ def test_decoder_block_is_pre_norm(norm):
     mask = causal_mask(5)
     h = x + attn(block.norm1(x), mask=mask)
     expected = h + ffn(block.norm2(h))
-    out, aux = block(x, mask=mask)
-    assert torch.allclose(out, expected, atol=1e-6) and aux is None
+    out = block(x, mask=mask)
+    assert isinstance(out, torch.Tensor)
+    assert torch.allclose(out, expected, atol=1e-6)
     assert isinstance(block.norm1, RMSNorm if norm == "rms" else nn.LayerNorm)
 
 
@@ -131,7 +133,7 @@ def test_decoder_block_dropout_never_touches_the_residual_stream():
     block = DecoderBlock(16, attention=Zeros(), ffn=Zeros(), dropout=0.5)
     assert block.training
     x = torch.randn(4, 8, 16)
-    assert torch.equal(block(x)[0], x)
+    assert torch.equal(block(x), x)
 
 
 def test_decoder_block_dropout_matches_hand_built_block():
@@ -141,30 +143,30 @@ def test_decoder_block_dropout_matches_hand_built_block():
     block = DecoderBlock(16, attention=attn, ffn=ffn, dropout=0.3)
     x, mask = torch.randn(2, 5, 16), causal_mask(5)
     torch.manual_seed(7)
-    got, _ = block(x, mask=mask)
+    got = block(x, mask=mask)
     torch.manual_seed(7)
     drop = nn.functional.dropout
     h = x + drop(attn(block.norm1(x), mask=mask), 0.3, training=True)
     want = h + drop(ffn(block.norm2(h)), 0.3, training=True)
     assert torch.equal(got, want)
     # and dropout does act in training mode
-    assert not torch.allclose(block.eval()(x, mask=mask)[0], got, atol=1e-3)
+    assert not torch.allclose(block.eval()(x, mask=mask), got, atol=1e-3)
 
 
-def test_decoder_block_passes_aux_through():
-    class AuxFFN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = FeedForward(16, 32)
-
-        def forward(self, h):
-            return self.inner(h), h.pow(2).mean()
-
+def test_decoder_block_with_moe_returns_x_and_the_moe_keeps_its_info():
+    # an MoE FFN returns a tensor like any FFN; its routing stays on it
+    torch.manual_seed(0)
+    moe = MoE(16, n_experts=4, top_k=2, d_expert=8)
     block = DecoderBlock(16, attention=MultiHeadAttention(16, 2),
-                         ffn=AuxFFN())
-    out = block(torch.randn(2, 3, 16))
-    assert isinstance(out, tuple) and out[0].shape == (2, 3, 16)
-    assert out[1].dim() == 0 and out[1] > 0
+                         ffn=moe).eval()
+    x = torch.randn(2, 3, 16)
+    out = block(x)
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 3, 16)
+    h = x + block.attention(block.norm1(x))
+    f, info = moe.forward_with_info(block.norm2(h))
+    torch.testing.assert_close(out, h + f)
+    assert torch.equal(moe.last_info.indices, info.indices)
+    assert torch.equal(moe.last_info.load, info.load)
 
 
 def test_decoder_block_zero_sublayers_is_identity():
@@ -174,14 +176,14 @@ def test_decoder_block_zero_sublayers_is_identity():
         nn.init.zeros_(lin.bias)
     block = DecoderBlock(8, attention=attn, ffn=ffn, norm="layer")
     x = torch.randn(2, 3, 8)
-    assert torch.equal(block(x)[0], x)
+    assert torch.equal(block(x), x)
 
 
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="attention must be an nn.Module"):
+    with pytest.raises(TypeError, match="attention must be an nn.Module"):
         DecoderBlock(8, attention=lambda h, mask=None: h,
                      ffn=FeedForward(8, 16))
-    with pytest.raises(ValueError, match="norm must be 'layer' or 'rms'"):
+    with pytest.raises(ValueError, match="norm must be one of"):
         DecoderBlock(8, attention=MultiHeadAttention(8, 2),
                      ffn=FeedForward(8, 16), norm="batch")
     with pytest.raises(ValueError, match="d_model must be divisible"):

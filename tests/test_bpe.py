@@ -63,7 +63,7 @@ def test_toy_encode_decode():
 
 def test_bad_input():
     b = toy()
-    with pytest.raises(ValueError, match="text must be a str"):
+    with pytest.raises(TypeError, match="text must be a str"):
         b.encode(None)
     with pytest.raises(ValueError, match="word must be a non-empty str"):
         b.merge_steps("")
@@ -71,8 +71,13 @@ def test_bad_input():
         b.decode([99])
     with pytest.raises(ValueError, match="special_tokens must be in"):
         BPE(["a"], [], special_tokens=["<x>"])
-    with pytest.raises(ValueError, match="text must be a str"):
+    with pytest.raises(TypeError, match="text must be a str"):
         pretokenize(3)
+    # the string 'False' is truthy: it would split the digits
+    with pytest.raises(TypeError, match="split_digits must be a bool"):
+        pretokenize("abc 12345", split_digits="False")
+    with pytest.raises(TypeError, match="split_digits must be a bool"):
+        BPE(["a"], [], split_digits="False")
 
 
 @pytest.fixture(scope="module")

@@ -125,3 +125,10 @@ def test_label_smoothing_minimum_closed_form(V, eps):
     for scale in (0.5, 2.0):
         assert F.cross_entropy(target.log()[None] * scale, y,
                                label_smoothing=eps).item() > closed
+
+
+def test_train_char_lm_progress_must_be_a_bool():
+    with pytest.raises(TypeError, match="progress"):
+        char_lm.train_char_lm(steps=1, batch_size=1, length=8, lr=1e-3,
+                              warmup_steps=0, weight_decay=0.0, seed=0,
+                              data_seed=0, progress="False")

@@ -20,3 +20,9 @@ def test_collectives_are_identities_on_one_process():
     with pytest.raises(ValueError, match="in_splits and out_splits must "
                        "have world_size=1 entries"):
         all_to_all(x, [1, 2], [2, 1])
+
+
+def test_require_group_needs_an_int_world_size():
+    from course_lib.distributed.collectives import require_group
+    with pytest.raises(TypeError, match="world_size"):
+        require_group(None, 3.5)

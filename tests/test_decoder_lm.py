@@ -101,7 +101,8 @@ def test_decoder_lm_init_gives_uniformish_predictions():
     assert copy < loss - 1
 
 
-def test_decoder_lm_return_aux_empty_for_dense():
+def test_decoder_lm_returns_the_logits_only():
     lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
-    logits, aux = lm.forward_with_aux(torch.randint(20, (1, 3)))
-    assert logits.shape == (1, 3, 20) and aux == []
+    logits = lm(torch.randint(20, (1, 3)))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (1, 3, 20)
+    assert not hasattr(lm, "forward_with_aux")

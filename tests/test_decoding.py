@@ -166,13 +166,13 @@ def test_generate_bad_input():
         generate(lm, prompt, 6, cache=cache)
     with pytest.raises(ValueError, match="batch size 3"):
         generate(lm, torch.randint(23, (3, 2)), 2, cache=cache)
-    with pytest.raises(ValueError, match="n_layers"):
+    with pytest.raises(ValueError, match="number of layers"):
         generate(lm, prompt, 2, cache=KVCache(3))
     with pytest.raises(ValueError, match="use_cache=False"):
         generate(lm, prompt, 2, use_cache=False, cache=KVCache(2))
-    with pytest.raises(ValueError, match="cache must be a KVCache"):
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
         generate(lm, prompt, 2, cache=[])
-    with pytest.raises(ValueError, match="integer tensor"):
+    with pytest.raises(TypeError, match="integer tensor"):
         generate(lm, prompt.float(), 2)
     with pytest.raises(ValueError, match=r"prompt_ids must have shape "
                        r"\(T,\) or \(B, T\) with T >= 1"):
@@ -181,7 +181,7 @@ def test_generate_bad_input():
         generate(lm, prompt, -1)
     with pytest.raises(ValueError, match="config with n_layers"):
         generate(torch.nn.Identity(), prompt, 2)
-    with pytest.raises(ValueError, match="cache must be a KVCache"):
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
         prefill(lm, prompt, None)
 
 
@@ -384,3 +384,16 @@ def test_model_config_message_names_the_model():
                        r"n_layers and max_len \(e\.g\. a DecoderLM\) to use a "
                        r"cache, got Identity$"):
         generate(torch.nn.Identity(), torch.tensor([1, 2]), 2)
+
+
+def test_decode_throughput_checks_sizes_and_flags_first():
+    lm = tiny_lm()
+    for kw in (dict(prompt_len=10**9), dict(prompt_len=4, batch_size=10**9)):
+        with pytest.raises(ValueError, match="prompt_len"):
+            decoding.decode_throughput(lm, new_tokens=2, use_cache=True,
+                                       **kw)
+    with pytest.raises(TypeError, match="use_cache"):
+        decoding.decode_throughput(lm, prompt_len=4, new_tokens=2,
+                                   use_cache="False")
+    with pytest.raises(TypeError, match="use_cache"):
+        generate(lm, torch.randint(23, (1, 3)), 2, use_cache="False")

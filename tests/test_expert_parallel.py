@@ -12,8 +12,9 @@ import torch
 from course_lib.distributed.expert_parallel import (ExpertParallelMoE,
                                                     ExpertParallelStats,
                                                     all_to_all_bytes)
-from course_lib.model.moe import MoE
+from course_lib.model.moe import MoE, moe_infos
 from workers import _moe
+from errors import error_for
 
 TOL = 1e-5
 CASES = ["topk_shared0", "topk_shared1", "deepseek_v3_shared0",
@@ -97,14 +98,38 @@ def test_one_rank_equals_the_moe_in_process(router):
     moe = _moe(router, 1)
     ep = ExpertParallelMoE(moe)
     x = torch.randn(2, 5, 16)
-    (y, info), (y_ref, info_ref) = ep(x), moe(x)
+    (y, info), (y_ref, info_ref) = ep.forward_with_info(x), \
+        moe.forward_with_info(x)
     assert y.shape == x.shape and torch.allclose(y, y_ref, atol=TOL)
     assert torch.equal(info.load, info_ref.load)
+    assert info.aux_loss.item() == pytest.approx(info_ref.aux_loss.item())
     s = ep.stats
     assert s.send_splits == s.recv_splits == [20]
     assert s.bytes_sent == all_to_all_bytes(10, 2, 16, 4)
     assert s.remote_bytes_sent == 0
     assert len(ep.experts) == 8 and ep.expert_offset == 0
+
+
+def test_forward_returns_the_output_and_keeps_the_info():
+    """As MoE: the call returns a tensor, forward_with_info the pair, and
+    last_info is what moe_infos collects."""
+    torch.manual_seed(0)
+    ep = ExpertParallelMoE(_moe("deepseek_v3", 1))
+    assert ep.last_info is None
+    x = torch.randn(2, 5, 16)
+    y = ep(x)
+    out, info = ep.forward_with_info(x)
+    assert isinstance(y, torch.Tensor) and torch.equal(y, out)
+    got = ep.last_info
+    assert torch.equal(got.indices, info.indices)
+    assert torch.equal(got.load, info.load)
+    assert got.aux_loss.item() == info.aux_loss.item()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), ep)
+    model(x)
+    (only,) = moe_infos(model)
+    assert only is ep.last_info
+    only.aux_loss.backward()                  # the router learns from it
+    assert ep.gate.weight.grad.abs().sum() > 0
 
 
 def test_each_rank_keeps_its_contiguous_block_of_experts():
@@ -128,7 +153,7 @@ def test_each_rank_keeps_its_contiguous_block_of_experts():
     ({"rank": 0, "world_size": 0}, "world_size must be >= 1, got 0"),
 ])
 def test_expert_parallel_rejects_bad_sizes(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         ExpertParallelMoE(_moe("topk", 0), **kwargs)
 
 

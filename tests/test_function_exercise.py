@@ -72,11 +72,13 @@ def test_time_limit_restores_the_previous_handler_and_timer():
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), "5"])
-def test_bad_limits_raise(bad):
-    with pytest.raises(ValueError, match="time_limit must be"):
+@pytest.mark.parametrize("bad, error", [
+    (0, ValueError), (-1.0, ValueError), (float("nan"), ValueError),
+    ("5", TypeError)])
+def test_bad_limits_raise(bad, error):
+    with pytest.raises(error, match="time_limit must be"):
         square_exercise(limit=bad)
-    with pytest.raises(ValueError, match="seconds must be"):
+    with pytest.raises(error, match="seconds must be"):
         with time_limit(bad):
             pass
 
@@ -119,3 +121,14 @@ def test_a_real_kernel_survives_exit_and_loops():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_complex_result_where_a_real_one_is_expected_is_a_mismatch():
+    import torch
+    from course_lib.notebook.function_exercise import compare_values
+    t = torch.randn(3)
+    assert "complex" in compare_values(t, t + 1e3j)
+    assert "complex" in compare_values(t, t + 0j)
+    c = t + 2j
+    assert compare_values(c, c.clone()) is None
+    assert compare_values(c, c + 1e-3j) is not None

@@ -2,8 +2,10 @@
 
 References: the gguf library (its GGUFReader and gguf.quants.dequantize)
 for the hand-written Q4_1 block decoder, on real blocks of the SmolLM2
-file and on blocks built from chosen numbers (the closed form d*q + m);
-the published SmolLM2 sizes for the metadata and the tensor list.
+file and on blocks built from chosen numbers (the closed form d*q + m),
+and for the whole-tensor Q4_1 and Q8_0 decoders on random blocks (also
+in a file written with GGUFWriter); the published SmolLM2 sizes for the
+metadata and the tensor list.
 """
 import numpy as np
 import pytest
@@ -181,3 +183,58 @@ def test_dequantize_every_tensor_bitwise_as_gguf_quants(smol, gguf_reader):
                            want.reshape(got.shape).view(torch.int32)), t.name
         seen.add(t.tensor_type.name)
     assert seen == {"Q4_1", "Q8_0", "F32"}
+
+
+# ------------------------------------- whole-tensor decoders, synthetic
+def random_blocks(n: int, block_bytes: int, seed: int) -> np.ndarray:
+    """n random blocks whose leading fp16 fields (the scale d, and for
+    Q4_1 the minimum m) are random finite fp16 numbers of every kind
+    (normal, subnormal, signed zero); the rest random bytes."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+    n_fp16 = 2 if block_bytes == Q4_1_BLOCK_BYTES else 1
+    halves = rng.integers(0, 1 << 16, size=(n, n_fp16), dtype=np.uint16)
+    halves[(halves & 0x7C00) == 0x7C00] &= 0x3FFF     # no inf, no NaN
+    halves[:4] = [[0x0001] * n_fp16, [0x8000] * n_fp16,   # subnormal, -0
+                  [0x7BFF] * n_fp16, [0x03FF] * n_fp16]   # max, subnormal
+    blocks[:, :2 * n_fp16] = halves.view(np.uint8)
+    return blocks
+
+
+@pytest.mark.parametrize("qtype, decode, block_bytes", [
+    ("Q4_1", "_dequantize_q4_1", Q4_1_BLOCK_BYTES),
+    ("Q8_0", "_dequantize_q8_0", 2 + QK)])
+def test_whole_tensor_decoders_equal_gguf_quants(qtype, decode, block_bytes):
+    # No SmolLM2 file needed: 4096 random blocks, bit for bit, both as the
+    # private whole-tensor decoder and as GGUFFile.dequantize on a file
+    from course_lib.pretrained import gguf_file
+    t = gguf.GGMLQuantizationType[qtype]
+    blocks = random_blocks(4096, block_bytes, seed=block_bytes)
+    want = np.asarray(gguf.quants.dequantize(blocks, t), np.float32)
+    got = getattr(gguf_file, decode)(blocks)                  # (n, 32)
+    assert got.dtype == np.float32 and got.shape == (4096, QK)
+    assert np.array_equal(got.view(np.int32), want.reshape(4096, QK)
+                          .view(np.int32))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_dequantize_of_a_written_file_equals_gguf_quants(tmp_path, qtype):
+    t = gguf.GGMLQuantizationType[qtype]
+    block_bytes = Q4_1_BLOCK_BYTES if qtype == "Q4_1" else 2 + QK
+    rows, cols = 48, 4 * QK                     # (R, C), 4 blocks a row
+    blocks = random_blocks(rows * 4, block_bytes, seed=7)
+    path = tmp_path / "blocks.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", blocks.reshape(rows, 4 * block_bytes),
+                      raw_dtype=t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    f = GGUFFile(path)
+    assert f.tensors[0].shape == (rows, cols)
+    want = torch.from_numpy(np.asarray(gguf.quants.dequantize(
+        blocks.reshape(rows, -1), t), np.float32))
+    got = f.dequantize("w")
+    assert got.shape == (rows, cols)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))

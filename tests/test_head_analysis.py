@@ -15,6 +15,7 @@ from course_lib.experiments.head_analysis import (BOS, TinyAttentionModel,
 from course_lib.model.mha import MultiHeadAttention
 from course_lib.training import IGNORE
 from course_lib._util.threads import small_ops
+from errors import error_for
 
 
 @pytest.fixture(autouse=True)
@@ -198,7 +199,7 @@ def test_head_scores_bad_shapes():
     with pytest.raises(ValueError, match=r"weights must be \(B, H, T, T\)"):
         head_scores(torch.zeros(2, 2, 5, 5), torch.zeros(2, 4,
                                                          dtype=torch.long))
-    with pytest.raises(ValueError, match=r"queries must be a bool tensor"):
+    with pytest.raises(TypeError, match=r"queries must be a bool tensor"):
         head_scores(torch.zeros(1, 1, 3, 3), torch.zeros(1, 3,
                                                          dtype=torch.long),
                     queries=torch.ones(1, 3))
@@ -241,9 +242,19 @@ def test_ablating_a_head_that_does_not_exist_is_an_error():
                         ((0, -1), "head must be >= 0, got -1"),
                         ((2, 0), "layer must be < 2, got 2"),
                         ((0,), r"ablate must hold \(layer, head\) pairs")]:
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(error_for(match), match=match):
             accuracy(model, x, y, ablate=(pair,))
     with pytest.raises(ValueError, match="at least one target"):
         accuracy(model, x, torch.full_like(y, IGNORE))
     with pytest.raises(ValueError, match="b must be < 2, got 5"):
         head_distance(model.layers[0], 0, 5)
+
+
+def test_sizes_are_checked_before_allocating():
+    with pytest.raises(ValueError, match="n_layers"):
+        TinyAttentionModel(vocab_size=17, d_model=16, n_heads=2,
+                           n_layers=10**6, max_len=24)
+    with pytest.raises(ValueError, match="batch_size"):
+        induction_batch(10**9)
+    with pytest.raises(ValueError, match="length"):
+        induction_batch(4, length=10**9)

@@ -65,3 +65,21 @@ def test_bad_input():
     rope = MultiHeadAttention(8, 2, rope=RotaryEmbedding(4))
     with pytest.raises(ValueError, match="RoPE"):
         head_circuits.ov_circuit(rope, 0)
+
+
+def test_a_query_row_without_keys_gets_zeros_not_nan():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 3, 8)
+    out, w = head_circuits.circuit_output(
+        mha, x, 0, torch.zeros(3, 3, dtype=torch.bool))
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(w, torch.zeros_like(w))
+    mask = torch.tensor([[1, 0, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    out, w = head_circuits.circuit_output(mha, x, 1, mask)
+    full, w_full = head_circuits.circuit_output(mha, x, 1,
+                                                causal_mask(3))
+    assert torch.equal(w[:, 1], torch.zeros(2, 3))
+    assert torch.equal(out[:, 1], torch.zeros(2, 8))
+    assert torch.equal(w[:, 0], w_full[:, 0])    # rows with keys unchanged
+    assert torch.equal(out[:, 2], full[:, 2])

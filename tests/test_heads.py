@@ -27,17 +27,9 @@ def test_repeat_kv_matches_repeat_interleave():
     assert repeat_kv(x, 1) is x
 
 
-def test_bad_helper_arguments():
-    with pytest.raises(ValueError, match=r"n_rep must be >= 1, got 0"):
-        repeat_kv(torch.randn(1, 2, 3, 4), 0)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, G, S, d_k\)"):
-        repeat_kv(torch.randn(2, 3, 4), 2)
+def test_head_counts_must_divide():
     with pytest.raises(ValueError, match=r"n_heads must be divisible"):
         mha_param_count(d_model=64, n_heads=8, n_kv_heads=3)
-    with pytest.raises(ValueError, match=r"n_heads=3, got \(2, 5, 8\)"):
-        split_heads(torch.randn(2, 5, 8), 3)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, H, T, d_k\)"):
-        merge_heads(torch.randn(2, 5, 8))
 
 
 def test_split_and_merge_heads_against_loop():
@@ -67,10 +59,9 @@ def test_query_positions_by_hand(device_spy):
     with pytest.raises(ValueError, match=r"^positions must continue the "
                        r"cache, i\.e\. start at 4"):
         mha.query_positions(torch.tensor([0, 1]), 2, cache, cpu)
-    msg = r"^positions must be a tensor of shape \(T,\) = \(2,\), got "
-    with pytest.raises(ValueError, match=msg + r"torch\.Size\(\[3\]\)$"):
+    with pytest.raises(ValueError, match=r"^positions must have shape"):
         mha.query_positions(torch.arange(3), 2, None, cpu)
-    with pytest.raises(ValueError, match=msg + r"\[0, 1\]$"):
+    with pytest.raises(TypeError, match=r"^positions must be a torch"):
         mha.query_positions([0, 1], 2, None, cpu)
     # the default positions are built on the device asked for (a spy:
     # there is only a CPU here, where a dropped device= changes nothing)
@@ -79,9 +70,3 @@ def test_query_positions_by_hand(device_spy):
     assert asked == [cpu]
 
 
-def test_split_and_merge_heads_messages():
-    with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0$"):
-        mha.split_heads(torch.zeros(1, 2, 4), 0)
-    with pytest.raises(TypeError, match=r"^x must be a torch\.Tensor, got "
-                       r"list$"):
-        mha.merge_heads([[[[0.0]]]])

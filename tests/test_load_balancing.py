@@ -152,7 +152,7 @@ def test_update_bias_gamma_zero_dtypes_and_messages():
     # a load whose mean is not an integer: 1, 2 -> mean 1.5, not 1
     assert update_bias(torch.zeros(2), torch.tensor([1, 2]),
                        gamma=1.0).tolist() == [1.0, -1.0]
-    with pytest.raises(ValueError, match=r"^gamma must be a real number"):
+    with pytest.raises(TypeError, match=r"^gamma must be a real number"):
         update_bias(b, load, gamma="0.1")
     with pytest.raises(ValueError, match=r"^bias must be a 1-D tensor \(E,\), "
                        r"got tensor\(\[\[0\.\]\]\)$"):
@@ -171,3 +171,20 @@ def test_load_balancing_loss_counts_every_expert_even_unchosen_ones():
     probs = torch.tensor([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]])
     idx = torch.tensor([[0], [0]])
     assert load_balancing_loss(probs, idx, 3).item() == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0])
+def test_update_bias_rejects_nan_and_negative_loads(bad):
+    from course_lib.model.routing import DeepSeekV3Router
+    load = torch.tensor([3.0, bad, 0.0, 2.0])
+    with pytest.raises(ValueError, match="load"):
+        update_bias(torch.zeros(4), load, gamma=0.01)
+    router = DeepSeekV3Router(8, 4, 2)
+    with pytest.raises(ValueError, match="load"):
+        router.update_bias(load, gamma=0.01)
+
+
+def test_load_balancing_loss_needs_a_chosen_expert_per_token():
+    probs = torch.full((3, 4), 0.25)
+    with pytest.raises(ValueError, match="indices"):
+        load_balancing_loss(probs, torch.zeros(3, 0, dtype=torch.long), 4)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from course_lib.generation import sampling
 from course_lib.generation.sampling import min_p_filter
+from errors import error_for
 
 INF = float("-inf")
 
@@ -90,28 +91,31 @@ def test_min_p_in_the_chain_and_order():
 
 
 @pytest.mark.parametrize("bad, match", [
-    (-0.1, "min_p"), (1.5, "min_p"), ("0.1", "min_p"), (None, "min_p"),
-    (float("nan"), "min_p"), (True, "min_p"),
+    (-0.1, "min_p"), (1.5, "min_p"), ("0.1", "min_p must be a real number"),
+    (None, "min_p must be a real number"), (float("nan"), "min_p"),
+    (True, "min_p must be a real number"),
 ])
 def test_min_p_rejects_bad_values(bad, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         min_p_filter(torch.randn(5), bad)
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.1", float("inf")])
-def test_sampler_min_p_argument_checked(bad):
+@pytest.mark.parametrize("bad, error", [
+    (-0.1, ValueError), (1.5, ValueError), ("0.1", TypeError),
+    (float("inf"), ValueError)])
+def test_sampler_min_p_argument_checked(bad, error):
     z = torch.randn(3, 5)
     for call in (lambda: sampling.sampling_distribution(z, min_p=bad),
                  lambda: sampling.sample_next(z, min_p=bad),
                  lambda: sampling.check_sampling_args(1.0, None, None, bad)):
-        with pytest.raises(ValueError, match="min_p"):
+        with pytest.raises(error, match="min_p"):
             call()
 
 
 def test_min_p_rejects_bad_logits():
-    with pytest.raises(ValueError, match="logits"):
+    with pytest.raises(TypeError, match="logits"):
         min_p_filter([1.0, 2.0], 0.1)
-    with pytest.raises(ValueError, match="logits"):
+    with pytest.raises(TypeError, match="logits"):
         min_p_filter(torch.tensor([1, 2]), 0.1)
 
 

@@ -170,3 +170,36 @@ def test_synthetic_lm_file_errors(tmp_path):
         markov.load_synthetic_lm(tmp_path / "missing.pt")
     with pytest.raises(TypeError, match="run must be an LMRun"):
         markov.save_synthetic_lm("not a run", tmp_path / "x.pt")
+
+
+# ------------------------------------------------ invalid chains and sizes
+@pytest.mark.parametrize("probs", [
+    [[1.8, 0.2], [0.4, 1.6]],                 # rows sum to 2
+    [[1.2, -0.2], [0.4, 0.6]],                # a negative probability
+    [[float("nan"), 1.0], [0.4, 0.6]],
+])
+def test_markov_source_rows_must_be_distributions(probs):
+    with pytest.raises(ValueError, match="probs"):
+        markov.MarkovSource(vocab_size=2, order=1, symbols="ab",
+                            probs=torch.tensor(probs, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad", [-1, 16])
+def test_token_nll_rejects_ids_outside_the_vocabulary(bad):
+    src = markov.random_markov_source()
+    seqs = torch.zeros(2, 6, dtype=torch.long)
+    seqs[0, 3] = bad
+    with pytest.raises(ValueError, match="seqs"):
+        markov.token_nll(src, seqs)
+
+
+def test_sampling_sizes_are_checked_at_the_call():
+    src = markov.random_markov_source()
+    with pytest.raises(ValueError, match="n_sequences"):
+        markov.sample_markov(src, n_sequences=10**9, length=10)
+    with pytest.raises(ValueError, match="length"):
+        markov.sample_markov(src, n_sequences=4, length=10**9)
+    with pytest.raises(ValueError, match="batch_size"):
+        markov.lm_batches(src, batch_size=10**9, length=8)   # no next()
+    with pytest.raises(TypeError, match="progress"):
+        markov.train_synthetic_lm(progress="False")

@@ -213,9 +213,9 @@ def test_additive_mask_against_torch_float_mask():
 def test_additive_mask_dtype_and_bad_input():
     add = masks.additive_mask(torch.tensor([True, False]), dtype=torch.float64)
     assert add.dtype == torch.float64
-    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
         masks.additive_mask(torch.tensor([1.0, 0.0]))
-    with pytest.raises(ValueError, match="mask must be a torch.Tensor"):
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
         masks.additive_mask([True, False])
     with pytest.raises(ValueError, match="dtype must be a floating"):
         masks.additive_mask(torch.tensor([True]), dtype=torch.int64)
@@ -256,11 +256,11 @@ def test_influence_matrix_of_cumsum_closed_form():
 
 def test_influence_matrix_bad_input():
     x = torch.randn(4, 3)
-    with pytest.raises(ValueError, match="fn must be callable"):
+    with pytest.raises(TypeError, match="fn must be callable"):
         mask_probes.influence_matrix(3, x)
-    with pytest.raises(ValueError, match="x must be a floating tensor"):
+    with pytest.raises(TypeError, match="x must be a floating tensor"):
         mask_probes.influence_matrix(lambda z: z, torch.ones(4, dtype=torch.int64))
-    with pytest.raises(ValueError, match="n_trials must be an int"):
+    with pytest.raises(ValueError, match="n_trials must be >= 1"):
         mask_probes.influence_matrix(lambda z: z, x, n_trials=0)
     with pytest.raises(ValueError, match="fn must return shape"):
         mask_probes.influence_matrix(lambda z: z.sum(-2), x)
@@ -330,8 +330,8 @@ def test_padding_mask_full_length_and_bad_lengths():
     assert masks.padding_mask([1, 0], 1).tolist() == [[[True]], [[False]]]
     with pytest.raises(ValueError, match=r"^max_len must be >= 1, got 0$"):
         masks.padding_mask([0], 0)
-    with pytest.raises(ValueError, match=r"^lengths must be <= max_len = 4,"
-                       r" got 5$"):
+    with pytest.raises(ValueError, match=r"^each of lengths must be <= 4, "
+                       r"got 5$"):
         masks.padding_mask([5, 1], 4)
 
 
@@ -361,11 +361,11 @@ def test_next_token_pairs_1d_and_shortest():
 
 
 def test_bad_input_messages_in_full():
-    with pytest.raises(ValueError, match=r"^mask must be a torch.Tensor, got "
-                       r"list$"):
+    with pytest.raises(TypeError, match=r"^mask must be a bool tensor \(True "
+                       r"= may attend\), got list$"):
         masks.additive_mask([True])
-    with pytest.raises(ValueError, match=r"^mask must be a bool tensor \(True "
-                       r"= may attend\), got dtype torch.float32$"):
+    with pytest.raises(TypeError, match=r"^mask must be a bool tensor \(True "
+                       r"= may attend\), got torch.float32$"):
         masks.additive_mask(torch.ones(2))
     with pytest.raises(ValueError, match=r"^dtype must be a floating dtype, "
                        r"got torch.int64$"):
@@ -394,18 +394,19 @@ def test_influence_matrix_checks_and_trials():
     rb = torch.randn(3, 2, 2, generator=torch.Generator().manual_seed(5),
                      dtype=torch.float64).abs().amax((1, 2))   # (T,)
     assert torch.allclose(infl_b, torch.tril(rb.expand(3, 3)))
-    for bad in (True, 1.0, 0):
-        with pytest.raises(ValueError, match=r"^n_trials must be an int >= 1,"
-                           rf" got {bad!r}$"):
+    for bad, error, message in (
+            (True, TypeError, "must be an int, got bool True"),
+            (1.0, TypeError, "must be an int, got float 1.0"),
+            (0, ValueError, "must be >= 1, got 0")):
+        with pytest.raises(error, match=rf"^n_trials {message}$"):
             mask_probes.influence_matrix(f, x, n_trials=bad)
-    with pytest.raises(ValueError, match=r"^x must be a floating tensor of "
-                       r"shape \(\.\.\., T, D\), got dtype torch.float32 and "
-                       r"shape \(3,\)$"):
+    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., T, D\)"
+                       r", got \(3,\)$"):
         mask_probes.influence_matrix(f, torch.zeros(3))
     with pytest.raises(ValueError, match=r"^fn must return shape \(\.\.\., "
                        r"T=3, D_out\), got \(1,\)$"):
         mask_probes.influence_matrix(lambda z: z.sum((0, 1))[None], x)
-    with pytest.raises(ValueError, match=r"^fn must be callable, got 3$"):
+    with pytest.raises(TypeError, match=r"^fn must be callable, got 3$"):
         mask_probes.influence_matrix(3, x)
 
 
@@ -500,7 +501,7 @@ def test_draw_mask_all_allowed_is_blue_and_all_blocked_grey():
 
 def test_draw_mask_bad_input_messages():
     ax = Figure().add_subplot()
-    with pytest.raises(ValueError, match=r"^mask must be a bool tensor"):
+    with pytest.raises(TypeError, match=r"^mask must be a bool tensor"):
         mask_probes.draw_mask(ax, torch.ones(2, 2))
     with pytest.raises(ValueError, match=r"^mask must have shape \(Lq, Lk\), "
                        r"got \(2,\)$"):

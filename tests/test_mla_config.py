@@ -13,6 +13,7 @@ import torch
 from course_lib.model.mla import MultiHeadLatentAttention
 from course_lib.model.mla import MLAConfig, mla_param_count
 from mla_support import tiny
+from errors import error_for
 
 
 # ------------------------------------------------------------------ config
@@ -56,7 +57,7 @@ def test_presets_are_the_published_values():
      r"rope_scaling\['factor'\] must be >= 1, got 0"),
 ])
 def test_config_rejects_bad_values(kw, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         tiny(**kw)
 
 
@@ -103,3 +104,15 @@ def test_param_count_message_names_the_missing_fields():
                        r"q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, "
                        r"v_head_dim, attention_bias$"):
         mla_param_count(SimpleNamespace(hidden_size=8))
+
+
+def test_mla_rejects_string_flags_and_huge_configs():
+    with pytest.raises(TypeError, match="absorb"):
+        MultiHeadLatentAttention(tiny(), absorb="False")
+    m = MultiHeadLatentAttention(tiny())
+    x = torch.randn(1, 3, m.config.hidden_size)
+    with pytest.raises(TypeError, match="absorb"):
+        m(x, absorb="False")
+    with pytest.raises(ValueError, match="config"):
+        MultiHeadLatentAttention(tiny(hidden_size=2**16,
+                                      num_attention_heads=1024))

@@ -10,6 +10,7 @@ from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
 from course_lib.model.transformer import (Transformer, TransformerConfig,
                                           greedy_decode)
 from transformer_support import tiny_transformer
+from errors import error_for
 
 
 @pytest.fixture(autouse=True)
@@ -45,12 +46,12 @@ def test_bad_inputs():
         lm(torch.tensor([[3, 10]]))
     with pytest.raises(ValueError, match="more than max_len=8"):
         lm(torch.zeros(1, 9, dtype=torch.long))
-    with pytest.raises(ValueError, match="idx must be an int64 tensor"):
+    with pytest.raises(TypeError, match="idx must be an int64 tensor"):
         lm(torch.zeros(1, 4))
     with pytest.raises(ValueError, match="max_len must be >= 1"):
         greedy_decode(tiny_transformer(), torch.zeros(1, 3, dtype=torch.long),
                       max_len=0, bos_id=1, eos_id=2)
-    with pytest.raises(ValueError, match="src must be an int64 tensor"):
+    with pytest.raises(ValueError, match=r"src must have shape \(B, T\)"):
         tiny_transformer().encode(torch.zeros(3, dtype=torch.long))
 
 
@@ -65,5 +66,5 @@ def test_bad_inputs():
 def test_configs_reject_nonsense(config, overrides, match):
     # n_layers=-1 used to build a model with no layers; dropout=1.5 passed.
     base = dict(vocab_size=10) if config is DecoderLMConfig else {}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         config(**base, **overrides)

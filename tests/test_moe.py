@@ -7,7 +7,8 @@ import torch
 from course_lib.model.block import SwiGLU
 from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
 from course_lib.model.moe import (MoE, MoEInfo, expected_fraction_touched,
-                                  expert_capacity, moe_from_config)
+                                  expert_capacity, moe_from_config,
+                                  moe_infos)
 from course_lib.model.routing import DeepSeekV3Router, TopKRouter
 
 torch.manual_seed(123)
@@ -33,7 +34,7 @@ def test_vectorised_equals_loop(shared, v3, cf):
     m = MoE(16, n_experts=8, top_k=2, d_expert=12, n_shared_experts=shared,
             gate=_v3_gate() if v3 else None, capacity_factor=cf)
     x = torch.randn(2, 5, 16)
-    y, info = m(x)
+    y, info = m.forward_with_info(x)
     y_loop, info_loop = m.forward_loop(x)
     assert y.shape == x.shape
     torch.testing.assert_close(y, y_loop, atol=1e-5, rtol=1e-5)
@@ -47,8 +48,8 @@ def test_moe_by_hand_from_dense_gates():
     """Independent form: out = sum_e gate[t, e] * expert_e(x_t) + shared."""
     m = _moe(n_shared_experts=1)
     x = torch.randn(10, 16)
-    y, info = m(x)
-    gates = info.routing.dense_gates()                       # (N, E)
+    y = m(x)
+    gates = m.last_info.routing.dense_gates()                # (N, E)
     allout = torch.stack([e(x) for e in m.experts], 1)       # (N, E, D)
     expect = (gates[..., None] * allout).sum(1) + m.shared_experts(x)
     torch.testing.assert_close(y, expect, atol=1e-6, rtol=1e-5)
@@ -75,7 +76,7 @@ def test_worked_example_two_experts_mixed():
             return self.c.expand(x.shape[0], 2)
 
     m.experts = torch.nn.ModuleList(Const(c) for c in consts)
-    y, info = m(torch.tensor([[1.0, 0.0]]))
+    y, info = m.forward_with_info(torch.tensor([[1.0, 0.0]]))
     torch.testing.assert_close(info.probs, torch.tensor([[0.6, 0.3, 0.1]]))
     torch.testing.assert_close(info.weights, torch.tensor([[2 / 3, 1 / 3]]))
     torch.testing.assert_close(y, torch.tensor([[2.0, 2.0]]))
@@ -84,9 +85,9 @@ def test_worked_example_two_experts_mixed():
 def test_gradients_reach_only_chosen_experts():
     m = _moe(n_experts=8, top_k=2)
     x = torch.randn(2, 16)                        # 2 tokens: <= 4 experts
-    y, info = m(x)
+    y = m(x)
     y.sum().backward()
-    chosen = set(info.indices.flatten().tolist())
+    chosen = set(m.last_info.indices.flatten().tolist())
     assert len(chosen) < 8
     for e, expert in enumerate(m.experts):
         g = expert.gate_proj.weight.grad
@@ -103,7 +104,7 @@ def test_dropped_slots_contribute_nothing_in_token_order():
         m.gate.weight.zero_()
         m.gate.weight[2, 0] = 10.0                # all tokens -> expert 2
     x = torch.randn(5, 16).abs()
-    y, info = m(x)
+    y, info = m.forward_with_info(x)
     assert info.capacity == expert_capacity(5, 4, 1, 1.6) == 2
     assert info.dropped == 3 and info.load.tolist() == [0, 0, 5, 0]
     # the first two tokens (token order) were processed, the rest dropped
@@ -120,7 +121,7 @@ def test_expert_capacity_formula():
 
 def test_info_contents():
     m = _moe()
-    y, info = m(torch.randn(2, 5, 16))
+    y, info = m.forward_with_info(torch.randn(2, 5, 16))
     assert isinstance(info, MoEInfo)
     assert info.indices.shape == (10, 2) and info.weights.shape == (10, 2)
     assert info.probs.shape == (10, 8)
@@ -142,7 +143,8 @@ def test_v3_aux_loss_is_the_report_formula_by_hand():
         gate.weight.normal_(0.0, 0.5)                    # varied affinities
     m = MoE(16, n_experts=E, top_k=k, d_expert=12, gate=gate)
     x = torch.randn(1, T, 16)
-    _, info = m(x)
+    m(x)
+    info = m.last_info
     u = x[0].double()
     w = gate.weight.detach().double().requires_grad_()
     s = torch.sigmoid(u @ w.T)                           # (T, E) eq. 15
@@ -191,25 +193,123 @@ def test_expected_fraction_touched_matches_simulation():
     assert expected_fraction_touched(0, E, k) == 0.0
 
 
-def test_inside_decoder_lm_returns_infos_and_trains():
+def _dense_then_moe_lm(n_layers=3):
+    """A DecoderLM with a dense first layer and MoE layers after, as
+    DeepSeek-V3 (first_k_dense_replace)."""
     torch.manual_seed(123)
-    cfg = DecoderLMConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=3,
-                          max_len=16)
+    cfg = DecoderLMConfig(vocab_size=11, d_model=16, n_heads=2,
+                          n_layers=n_layers, max_len=16)
 
     def ffn(i):
         if i == 0:
             return SwiGLU(16, 32)                 # dense first layer
         return MoE(16, n_experts=4, top_k=2, d_expert=8, n_shared_experts=1,
                    gate=DeepSeekV3Router(16, 4, 2))
-    model = DecoderLM(cfg, ffn_factory=ffn)
+    return DecoderLM(cfg, ffn_factory=ffn)
+
+
+def test_inside_decoder_lm_infos_and_training():
+    model = _dense_then_moe_lm()
     idx = torch.randint(0, 11, (2, 6))
-    logits, infos = model.forward_with_aux(idx)
+    logits = model(idx)
+    infos = moe_infos(model)
     assert logits.shape == (2, 6, 11) and len(infos) == 2
     assert all(i.indices.shape == (12, 2) for i in infos)
     loss = logits.logsumexp(-1).mean() + 0.01 * sum(i.aux_loss for i in infos)
     loss.backward()
     assert model.layers[1].ffn.gate.weight.grad is not None
     assert "layers.1.ffn.gate.e_score_correction_bias" in model.state_dict()
+
+
+# ---- the call returns the output; the routing stays on the module
+@pytest.mark.parametrize("cf", [None, 0.5])
+def test_forward_returns_the_output_of_forward_with_info(cf):
+    m = _moe(n_shared_experts=1, capacity_factor=cf)
+    x = torch.randn(2, 5, 16)
+    y = m(x)
+    assert isinstance(y, torch.Tensor) and y.shape == x.shape
+    assert torch.equal(y, m.forward_with_info(x)[0])
+
+
+@pytest.mark.parametrize("cf", [None, 0.5])
+def test_last_info_is_the_info_of_the_last_call(cf):
+    m = _moe(capacity_factor=cf)
+    assert m.last_info is None                    # before the first call
+    x, x2 = torch.randn(2, 5, 16), torch.randn(3, 16)
+    m(x2)
+    m(x)                                          # the last call counts
+    _, want = m.forward_with_info(x)
+    got = m.last_info
+    assert isinstance(got, MoEInfo)
+    assert torch.equal(got.load, want.load)
+    assert torch.equal(got.indices, want.indices)
+    assert torch.equal(got.weights, want.weights)
+    assert got.aux_loss.item() == want.aux_loss.item()
+    assert got.aux_loss.requires_grad
+    assert (got.dropped, got.capacity) == (want.dropped, want.capacity)
+    # the siblings return their info and leave last_info alone
+    m.forward_with_info(x2)
+    m.forward_loop(x2)
+    assert m.last_info is got
+
+
+def test_moe_infos_one_per_moe_layer_in_module_order():
+    model = _dense_then_moe_lm(n_layers=4).eval()
+    inputs = {}                                   # layer -> its FFN input
+    for i in (1, 2, 3):
+        model.layers[i].ffn.register_forward_pre_hook(
+            lambda mod, args, i=i: inputs.__setitem__(i, args[0]))
+    with torch.no_grad():
+        model(torch.randint(0, 11, (2, 6)))
+        infos = moe_infos(model)
+        assert len(infos) == 3                    # layers 1, 2, 3; not 0
+        for j, i in enumerate((1, 2, 3)):
+            ffn = model.layers[i].ffn
+            assert infos[j] is ffn.last_info
+            _, want = ffn.forward_with_info(inputs[i])
+            assert torch.equal(infos[j].indices, want.indices)
+            assert torch.equal(infos[j].load, want.load)
+    dense = DecoderLM(DecoderLMConfig(vocab_size=11, d_model=16, n_heads=2,
+                                      n_layers=1, max_len=16))
+    assert moe_infos(dense) == []
+    (alone,) = moe_infos(model.layers[1].ffn)     # an MoE is a model too
+    assert alone is infos[0]
+
+
+def test_aux_loss_from_moe_infos_reaches_the_router():
+    model = _dense_then_moe_lm()
+    model(torch.randint(0, 11, (2, 6)))
+    aux = sum(i.aux_loss for i in moe_infos(model))
+    aux.backward()                                # the auxiliary loss alone
+    for i in (1, 2):
+        g = model.layers[i].ffn.gate.weight.grad
+        assert g is not None and g.abs().sum() > 0
+    # the last layer's experts feed no router: the gradient came from the
+    # auxiliary loss, not from an output
+    assert all(p.grad is None for p in model.layers[2].ffn.experts
+               .parameters())
+
+
+def test_moe_infos_refuses_layers_that_have_not_run():
+    model = _dense_then_moe_lm()
+    with pytest.raises(ValueError, match=r"^the MoE layers layers\.1\.ffn, "
+                       r"layers\.2\.ffn have not run a forward yet"):
+        moe_infos(model)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        moe_infos([_moe()])
+
+
+def test_a_copy_after_a_training_forward_starts_without_info():
+    # last_info holds non-leaf tensors, which deepcopy refuses
+    import copy
+    import pickle
+    m = _moe()
+    m(torch.randn(4, 16))
+    assert m.last_info.aux_loss.grad_fn is not None
+    for twin in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert twin.last_info is None
+        torch.testing.assert_close(twin.gate.weight, m.gate.weight)
+    assert m.last_info is not None                # the original keeps it
 
 
 def test_moe_from_config_reads_hf_names():
@@ -258,7 +358,7 @@ def test_empty_and_degenerate_inputs_are_finite():
     from course_lib.model.routing import select_top_k
     torch.manual_seed(0)
     m = MoE(8, n_experts=4, top_k=2, d_expert=6)
-    out, info = m(torch.zeros(0, 8))
+    out, info = m.forward_with_info(torch.zeros(0, 8))
     assert out.shape == (0, 8) and info.aux_loss.item() == 0.0
     assert info.load.sum().item() == 0
     idx, gates = select_top_k(torch.zeros(2, 4), 2)
@@ -276,7 +376,8 @@ def test_smallest_sizes_are_accepted():
     tiny = MoE(1, n_experts=1, top_k=1, d_expert=1)      # D = E = k = F = 1
     # router E x D + k experts of 3 D F (gate, up, down): 1 + 3
     assert tiny.active_parameters() == 4
-    out, info = tiny(torch.ones(2, 1))
+    out = tiny(torch.ones(2, 1))
+    info = tiny.last_info
     assert out.shape == (2, 1) and info.load.tolist() == [2]
 
 
@@ -323,8 +424,8 @@ def test_moe_from_config_fallback_names_defaults_and_capacity():
     m = moe_from_config(Course(), capacity_factor=1.25)
     assert (m.d_model, m.n_experts, m.top_k, m.d_expert) == (16, 4, 2, 8)
     assert m.capacity_factor == 1.25
-    _, info = m(torch.randn(5, 16))
-    assert info.capacity == math.ceil(1.25 * 5 * 2 / 4) == 4
+    m(torch.randn(5, 16))
+    assert m.last_info.capacity == math.ceil(1.25 * 5 * 2 / 4) == 4
     _, info = m.forward_loop(torch.randn(5, 16))
     assert info.capacity == 4
 
@@ -361,9 +462,9 @@ def test_bfloat16_layer_with_float32_router_keeps_its_dtype():
     m = MoE(16, n_experts=8, top_k=2, d_expert=12, gate=_v3_gate(),
             n_shared_experts=1).to(torch.bfloat16)
     x = torch.randn(6, 16).to(torch.bfloat16)
-    y, info = m(x)
+    y, info = m.forward_with_info(x)
     y_loop, _ = m.forward_loop(x)
-    assert y.dtype == y_loop.dtype == torch.bfloat16
+    assert y.dtype == y_loop.dtype == m(x).dtype == torch.bfloat16
     ref = copy.deepcopy(m).float()
     gates = info.routing.dense_gates().float()               # (N, E)
     xf = x.float()
@@ -393,3 +494,14 @@ def test_new_tensors_are_made_on_the_inputs_device(monkeypatch):
     m.forward_loop(x)
     assert ("arange", x.device) in seen and ("zeros", x.device) in seen
     assert all(device == x.device for _, device in seen), seen
+
+
+def test_moe_checks_its_size_before_building_the_experts():
+    with pytest.raises(ValueError, match="d_expert"):
+        MoE(8, n_experts=4, top_k=2, d_expert=10**7)
+
+
+def test_moe_from_config_refuses_a_released_model_layer():
+    from course_lib.sizing.configs import DEEPSEEK_V3
+    with pytest.raises(ValueError, match="config"):
+        moe_from_config(DEEPSEEK_V3)

@@ -66,3 +66,17 @@ def test_node_routing_rejects_bad_arguments():
                        r"shape \(3,\)"):
         cross_node_traffic(idx, torch.zeros(4, dtype=torch.long),
                            n_experts=8, n_nodes=2)
+
+
+@pytest.mark.parametrize("bad", [8, -1])
+def test_expert_ids_must_exist(bad):
+    indices = torch.tensor([[0, bad], [3, 1]])
+    with pytest.raises(ValueError, match="indices"):
+        expert_nodes(indices, 8, 2)
+
+
+def test_token_nodes_must_exist():
+    indices = torch.tensor([[0, 5], [3, 1]])
+    with pytest.raises(ValueError, match="token_node"):
+        cross_node_traffic(indices, torch.tensor([0, 2]), n_experts=8,
+                           n_nodes=2)

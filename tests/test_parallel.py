@@ -14,6 +14,7 @@ import torch
 from course_lib.distributed import launch
 import workers
 from course_lib.distributed.launch import ParallelError, run
+from errors import error_for
 
 
 # ------------------------------------------------------------- launcher
@@ -59,7 +60,7 @@ def test_a_port_in_use_is_a_clear_error():
     ({"world_size": 2, "threads": 0}, "threads must be >= 1, got 0"),
 ])
 def test_run_rejects_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         run(workers.sleep_on_rank, **kwargs)
 
 

@@ -21,6 +21,7 @@ from course_lib.sizing.params import (BYTES_PER_PARAM, attention_params,
                                       lm_head_params, mla_attention_params,
                                       moe_layer_params, mtp_params,
                                       norm_params, weights_bytes)
+from errors import error_for
 
 torch.manual_seed(123)
 
@@ -264,7 +265,7 @@ def test_rope_fields_are_checked():
 
 # ------------------------------------------------------- bad input
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="config must be a ModelConfig"):
+    with pytest.raises(TypeError, match="config must be a ModelConfig"):
         count_parameters({"hidden_size": 8})
     with pytest.raises(ValueError, match="kv_lora_rank"):
         mla_attention_params(LLAMA2_7B)
@@ -289,7 +290,7 @@ def test_bad_inputs():
     (dict(vocab_size=2.5), "vocab_size must be an int"),
 ])
 def test_config_validation(change, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         dataclasses.replace(DEEPSEEK_V3, **change)
 
 
@@ -319,7 +320,7 @@ def test_configs_that_would_miscount_are_rejected(overrides, match):
     # count was silently wrong (e.g. "swiglu" counted as a 2-matrix MLP).
     base = dict(name="t", vocab_size=10, hidden_size=8, num_hidden_layers=2,
                 num_attention_heads=2, intermediate_size=16)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         ModelConfig(**{**base, **overrides})
 
 
@@ -330,3 +331,11 @@ def test_dense_ffn_width_must_not_be_negative():
     assert dense_ffn_params(cfg) == 3 * 8 * 16
     with pytest.raises(ValueError, match="width must be >= 0, got -1"):
         dense_ffn_params(cfg, width=-1)
+
+
+def test_flags_must_be_bools():
+    from course_lib.sizing.configs import MIXTRAL_8X7B
+    with pytest.raises(TypeError, match="active"):
+        weights_bytes(MIXTRAL_8X7B, bytes_per_param=2, active="False")
+    with pytest.raises(TypeError, match="with_copies"):
+        mtp_params(DEEPSEEK_V3, with_copies="False")

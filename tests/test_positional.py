@@ -15,6 +15,7 @@ from course_lib.experiments import position_probes
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
+from errors import error_for  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +102,7 @@ def test_neighbour_step_is_constant():
     (dict(length=4, d_model=8, base=float("inf")), "base must be finite"),
 ])
 def test_sinusoidal_bad_input(bad, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         sinusoidal.sinusoidal_encoding(**bad)
 
 
@@ -153,7 +154,7 @@ def test_rotation_orthogonal_and_group_law():
 def test_rotation_bad_input():
     with pytest.raises(ValueError, match="d_model must be even, got 5"):
         position_probes.rotation_matrix(1, 5)
-    with pytest.raises(ValueError, match="k must be a real number"):
+    with pytest.raises(TypeError, match="k must be a real number"):
         position_probes.rotation_matrix("1", 8)
     with pytest.raises(ValueError, match="k must be finite, got nan"):
         position_probes.rotation_matrix(float("nan"), 8)
@@ -175,7 +176,7 @@ def test_offset_dot_product_matches_table():
 
 
 def test_offset_dot_product_bad_input():
-    with pytest.raises(ValueError, match="offsets must be a torch.Tensor"):
+    with pytest.raises(TypeError, match="offsets must be a torch.Tensor"):
         position_probes.offset_dot_product([1, 2], 8)
 
 
@@ -275,25 +276,45 @@ def test_rope_scores_depend_only_on_offset(interleaved):
     assert abs(score(5, 2) - score(9, 2)) > 1e-3
 
 
-@pytest.mark.parametrize("x_shape,pos_shape,match", [
-    ((4, 7), (4,), "x.shape\\[-1\\] must be even, got 7"),
-    ((4, 8), (5,), "positions must broadcast to x.shape\\[:-1\\]"),
-    ((2, 4, 8), (3, 4), "positions must broadcast"),
-    ((2, 4, 8), (4, 1), "positions must broadcast"),
-    ((8,), (1,), "x must have shape"),
-])
-def test_rope_bad_shapes(x_shape, pos_shape, match):
-    with pytest.raises(ValueError, match=match):
-        rope.apply_rope(torch.randn(*x_shape), torch.zeros(pos_shape))
-
-
-def test_rope_bad_types():
-    with pytest.raises(ValueError, match="positions must be a torch.Tensor"):
-        rope.apply_rope(torch.randn(3, 4), [0, 1, 2])
-    with pytest.raises(ValueError, match="x must be a floating-point"):
-        rope.apply_rope(torch.ones(3, 4, dtype=torch.long), torch.arange(3))
+def test_rotary_embedding_checks_its_arguments_once():
+    # apply_rope runs at every layer and step and trusts its caller: the
+    # module that holds the width, base and pairing checks them when built.
+    with pytest.raises(ValueError, match="head_dim must be even, got 7"):
+        rope.RotaryEmbedding(7)
+    with pytest.raises(ValueError, match="base must be > 0"):
+        rope.RotaryEmbedding(8, base=-1.0)
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
+        rope.RotaryEmbedding(8, interleaved="False")
     with pytest.raises(ValueError, match="d_model must be even, got 3"):
         rope.rope_permutation(3)
+
+
+@pytest.mark.parametrize("base", [10000.0, 100000.0, 500000.0])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_embedding_rotates_by_its_own_base(base, interleaved):
+    # Closed form, pair by pair: pair i at position m turns by
+    # m * base^(-2i/d), whichever features the pairing puts together.
+    d, T = 8, 5
+    x = torch.randn(2, T, d, dtype=torch.float64)
+    y = rope.RotaryEmbedding(d, base=base, interleaved=interleaved)(
+        x, torch.arange(T))
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    a, b = ((slice(0, d, 2), slice(1, d, 2)) if interleaved
+            else (slice(0, d // 2), slice(d // 2, d)))
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta  # (T, P)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    torch.testing.assert_close(y[..., a], x[..., a] * cos - x[..., b] * sin)
+    torch.testing.assert_close(y[..., b], x[..., a] * sin + x[..., b] * cos)
+
+
+def test_rope_tables_stay_small_for_far_positions():
+    # positions far beyond any table are computed directly, not by growing
+    # a table of every position up to them
+    far = torch.tensor([10**9, 10**9 + 1])
+    cos, sin = rope.rope_cos_sin(far, 8)
+    angle = far.double()[:, None] * sinusoidal.frequencies(8, 10000.0)
+    assert torch.equal(cos, torch.cos(angle).float())
+    assert all(t[0].shape[0] <= 1 << 20 for t in rope._TABLES.values())
 
 
 # -------------------------------------------------------- self-attention
@@ -367,7 +388,7 @@ def test_draw_clock_hands_draws_one_hand_per_pair():
         a = 3 * 10000.0 ** (-2 * i / 8)
         assert math.isclose(x, math.sin(a), abs_tol=1e-12)
         assert math.isclose(y, math.cos(a), abs_tol=1e-12)
-    with pytest.raises(ValueError, match="position must be a real number"):
+    with pytest.raises(TypeError, match="position must be a real number"):
         position_probes.draw_clock_hands(Figure(), position="3")
 
 
@@ -385,6 +406,20 @@ def test_rope_cos_sin_table_equals_direct_computation(d, base):
             assert torch.equal(sin, torch.sin(angle).to(dtype))
 
 
-def test_apply_rope_bad_base():
-    with pytest.raises(ValueError, match="base"):
-        rope.apply_rope(torch.zeros(3, 8), torch.arange(3), base=-1.0)
+# -------------------------------------------- sizes and dtypes at the call
+def test_sinusoidal_encoding_rejects_huge_tables_and_integer_dtypes():
+    with pytest.raises(ValueError, match="length"):
+        sinusoidal.sinusoidal_encoding(10**9, 8)
+    with pytest.raises(ValueError, match="dtype"):
+        sinusoidal.sinusoidal_encoding(3, 4, dtype=torch.int64)
+    with pytest.raises(TypeError, match="dtype"):
+        sinusoidal.sinusoidal_encoding(3, 4, dtype="float32")
+
+
+def test_position_probes_reject_huge_widths_and_integer_dtypes():
+    with pytest.raises(ValueError, match="d_model"):
+        position_probes.offset_dot_product(torch.arange(5.0), 10**9)
+    with pytest.raises(ValueError, match="d_model"):
+        position_probes.rotation_matrix(1.0, 10**6)
+    with pytest.raises(ValueError, match="dtype"):
+        position_probes.rotation_matrix(1.0, 4, dtype=torch.int64)

@@ -61,11 +61,11 @@ def test_new_config_fields_reach_every_layer():
 
 
 def test_interleaved_and_fused_flags_are_checked():
-    with pytest.raises(ValueError, match="interleaved must be a bool"):
+    with pytest.raises(TypeError, match="interleaved must be a bool"):
         RotaryEmbedding(8, interleaved="yes")
-    with pytest.raises(ValueError, match="rope_interleaved must be a bool"):
+    with pytest.raises(TypeError, match="rope_interleaved must be a bool"):
         DecoderLMConfig(vocab_size=5, rope_interleaved="yes")
-    with pytest.raises(ValueError, match="fused must be a bool"):
+    with pytest.raises(TypeError, match="fused must be a bool"):
         MultiHeadAttention(32, 4, fused=1)
 
 
@@ -310,9 +310,9 @@ def test_load_smollm2_bad_input():
         smollm2_lib.load_smollm2(rope="neox")
     with pytest.raises(ValueError, match="dtype must be a floating"):
         smollm2_lib.load_smollm2(dtype=torch.int8)
-    with pytest.raises(ValueError, match="fused must be a bool"):
+    with pytest.raises(TypeError, match="fused must be a bool"):
         smollm2_lib.load_smollm2(fused="yes")
-    with pytest.raises(ValueError, match="column_major must be a bool"):
+    with pytest.raises(TypeError, match="column_major must be a bool"):
         smollm2_lib.load_smollm2(column_major=1)
 
 

@@ -139,15 +139,12 @@ def test_mha_returns_finite_or_names_x(b, t, width, data):
 
 # ----------------------------------------------------------- RoPE, norms
 @SETTINGS
-@given(t=st.integers(0, 5), d=st.integers(1, 8), dtype=DTYPES,
-       data=st.data())
-def test_rope_preserves_norms_or_rejects_odd_widths(t, d, dtype, data):
+@given(t=st.integers(0, 5), d=st.integers(1, 4).map(lambda n: 2 * n),
+       dtype=DTYPES, data=st.data())
+def test_rope_preserves_norms(t, d, dtype, data):
+    # apply_rope trusts its caller (RotaryEmbedding checks the width once)
     x = data.draw(tensors((t, d), st.floats(-100, 100, width=32), dtype))
-    pos = torch.arange(t)
-    y = raises_naming(lambda: apply_rope(x, pos), ["x.shape[-1]", "x"])
-    if y is None:
-        assert d % 2 or d < 2 or t == 0
-        return
+    y = apply_rope(x, torch.arange(t))
     tol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-4
     torch.testing.assert_close(y.double().norm(dim=-1),
                                x.double().norm(dim=-1), rtol=tol,

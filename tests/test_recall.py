@@ -11,6 +11,7 @@ from course_lib.experiments.recall import (AttentionRecaller, RNNRecaller,
                                            make_recall_batch, recall_accuracy,
                                            train_recall)
 from course_lib._util.threads import small_ops
+from errors import error_for
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +40,7 @@ def test_make_recall_batch_structure():
     ((2, 3), dict(vocab_size=1), "vocab_size must be >= 2, got 1"),
 ])
 def test_make_recall_batch_bad_input(args, kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         make_recall_batch(*args, **kwargs)
 
 
@@ -126,3 +127,11 @@ def test_train_recall_leaves_global_rng_alone():
     state = torch.get_rng_state()
     train_recall(model, 3, steps=2, batch=4)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_recall_batches_are_checked_before_allocating():
+    model = AttentionRecaller(vocab_size=8)
+    with pytest.raises(ValueError, match="batch"):
+        recall_accuracy(model, 3, batch=10**9)
+    with pytest.raises(ValueError, match="batch"):
+        make_recall_batch(10**9, 3, vocab_size=8)

@@ -2,11 +2,14 @@
 
 A call returns one type, whatever its options: ``forward`` returns the
 output tensor, and a sibling named for what it adds
-(``forward_with_weights``, ``forward_with_aux``, ``decode_with_weights``)
+(``forward_with_weights``, ``forward_with_info``, ``decode_with_weights``)
 returns the tuple. The scan fails if a public function takes a
 ``return_*`` flag again (a private helper may take one); the
 pairs below check that each sibling's first element is exactly what the
-plain call returns, in eval mode (no dropout).
+plain call returns, in eval mode (no dropout). A module that reports
+something besides its output on every call keeps it as an attribute
+(an MoE's ``last_info``, collected by ``moe_infos``), so the modules
+around it (``DecoderBlock``, ``DecoderLM``) return tensors too.
 """
 import ast
 from pathlib import Path
@@ -26,7 +29,8 @@ from course_lib.model.masks import causal_mask, padding_mask
 from course_lib.model.mha import MultiHeadAttention
 from course_lib.model.mla import MultiHeadLatentAttention
 from course_lib.model.mla import MLAConfig
-from course_lib.model.moe import MoE
+from course_lib.model.block import DecoderBlock
+from course_lib.model.moe import MoE, moe_infos
 from course_lib.model.transformer import Transformer, TransformerConfig
 
 LIB = Path(__file__).resolve().parents[1] / "course_lib"
@@ -116,19 +120,36 @@ def test_tiny_attention_model_pair():
     assert len(weights) == 2 and weights[1].shape == (3, 2, 8, 8)
 
 
-def test_decoder_lm_pair_dense_and_moe():
+@pytest.mark.parametrize("capacity_factor", [None, 0.5])
+def test_moe_pair_and_its_loop_reference(capacity_factor):
+    torch.manual_seed(0)
+    moe = MoE(16, n_experts=4, top_k=2, d_expert=8, n_shared_experts=1,
+              capacity_factor=capacity_factor).eval()
+    x = torch.randn(2, 5, 16)
+    _check_pair(moe(x), moe.forward_with_info(x))
+    out_loop, info_loop = moe.forward_loop(x)
+    torch.testing.assert_close(out_loop, moe(x), atol=1e-6, rtol=1e-5)
+    assert info_loop.dropped == moe.last_info.dropped
+
+
+def test_blocks_and_decoder_lm_return_tensors_dense_and_moe():
     torch.manual_seed(0)
     cfg = DecoderLMConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2,
                           max_len=16)
     idx = torch.randint(0, 11, (2, 6))
     dense = DecoderLM(cfg).eval()
-    _check_pair(dense(idx), dense.forward_with_aux(idx))
-    assert dense.forward_with_aux(idx)[1] == []
     moe = DecoderLM(cfg, ffn_factory=lambda i: SwiGLU(16, 32) if i == 0
                     else MoE(16, n_experts=4, top_k=2, d_expert=8)).eval()
-    logits, aux = moe.forward_with_aux(idx)
-    _check_pair(moe(idx), (logits, aux))
-    assert len(aux) == 1                       # one entry per MoE block
+    for model in (dense, moe):
+        assert isinstance(model(idx), torch.Tensor)
+        assert not hasattr(model, "forward_with_aux")
+        h = torch.randn(2, 6, 16)
+        for block in model.layers:
+            assert isinstance(block, DecoderBlock)
+            assert isinstance(block(h, causal_mask(6)), torch.Tensor)
+    moe(idx)
+    assert moe_infos(dense) == []
+    assert len(moe_infos(moe)) == 1            # one entry per MoE block
 
 
 def test_attention_maps_returns_maps_and_the_models_logits():

@@ -14,6 +14,7 @@ from course_lib.experiments.rnn import (SimpleRNN, draw_seq2seq,  # noqa: E402
 from course_lib.experiments.sequential_cost import (TimingResult, matmul_flops,  # noqa: E402
                                                     recurrence_and_attention,
                                                     time_recurrence_vs_attention)
+from errors import error_for
 
 
 @pytest.fixture(autouse=True)
@@ -230,7 +231,7 @@ def test_matmul_flops_bad_input():
     (dict(lengths=[4], repeats=0), "repeats must be >= 1, got 0"),
 ])
 def test_timing_bad_input(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         time_recurrence_vs_attention(**kwargs)
 
 
@@ -288,7 +289,7 @@ def test_max_path_length_closed_forms(n, k):
     (("cnn", 4), dict(kernel_size=1), "kernel_size must be >= 2, got 1"),
 ])
 def test_max_path_length_bad_input(args, kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         max_path_length(*args, **kwargs)
 
 
@@ -318,3 +319,23 @@ def test_draw_seq2seq_attention_links_every_pair_and_drops_c():
     # attention: + n*m orange links (3 * 2); h_n -> c -> s_1 (two links)
     # becomes h_n -> s_1 (one)
     assert arrows[True] == arrows[False] + 3 * 2 - 1
+
+
+# ---------------------------------------------- sizes and flags at the call
+def test_max_path_length_bounds_its_search():
+    with pytest.raises(ValueError, match="length"):
+        max_path_length("rnn", 10**18)
+    with pytest.raises(ValueError, match="kernel_size"):
+        max_path_length("dilated_cnn", 8, kernel_size=10**9)
+
+
+def test_time_recurrence_vs_attention_checks_sizes_first():
+    with pytest.raises(ValueError, match="lengths"):
+        time_recurrence_vs_attention([10**9])
+
+
+def test_draw_seq2seq_rejects_a_string_flag():
+    fig, ax = plt.subplots()
+    with pytest.raises(TypeError, match="attention"):
+        draw_seq2seq(ax, ["a"], ["b"], attention="False")
+    plt.close(fig)

@@ -7,6 +7,7 @@ import torch
 from course_lib.model.load_balancing import expert_load
 from course_lib.model.routing import (DeepSeekV3Router, Routing, TopKRouter,
                                       group_limited_mask, select_top_k)
+from errors import error_for
 
 torch.manual_seed(123)
 
@@ -231,7 +232,7 @@ def test_router_argument_edges_and_messages():
     assert r(torch.randn(4)).indices.shape == (1, 1)   # one token, 1-D
     for args, msg in (((0, 3, 1), r"^d_model must be >= 1, got 0$"),
                       ((4, 0, 1), r"^n_experts must be >= 1, got 0$")):
-        with pytest.raises(ValueError, match=msg):
+        with pytest.raises(error_for(msg), match=msg):
             TopKRouter(*args)
     with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., 4\), "
                        r"got \(2, 3\)$"):
@@ -271,9 +272,9 @@ def test_group_limited_mask_and_v3_edges_and_messages():
                      r"^n_group must be >= 1, got 0$"),
                     (dict(n_group=2, topk_group=0),
                      r"^topk_group must be >= 1, got 0$")):
-        with pytest.raises(ValueError, match=msg):
+        with pytest.raises(error_for(msg), match=msg):
             group_limited_mask(s, **kw)
-        with pytest.raises(ValueError, match=msg):
+        with pytest.raises(error_for(msg), match=msg):
             DeepSeekV3Router(4, 8, 2, **kw)
     DeepSeekV3Router(4, 8, 4, n_group=4, topk_group=2)  # top_k = 2 * 2
     with pytest.raises(ValueError, match=r"^top_k must be <= experts in the "
@@ -291,3 +292,28 @@ def test_group_limited_mask_one_expert_per_group_and_device(device_spy):
     asked = device_spy(R, "zeros")
     group_limited_mask(s, n_group=2, topk_group=1)
     assert asked == [s.device]
+
+
+# ------------------------------------------- flags, sizes and bad scores
+def test_routers_reject_string_flags_and_huge_sizes():
+    p = torch.tensor([[0.6, 0.3, 0.1]])
+    with pytest.raises(TypeError, match="normalize"):
+        select_top_k(p, 2, normalize="False")
+    with pytest.raises(TypeError, match="normalize"):
+        TopKRouter(8, 6, 2, normalize="False")
+    with pytest.raises(TypeError, match="norm_topk_prob"):
+        DeepSeekV3Router(8, 6, 2, norm_topk_prob="False")
+    with pytest.raises(ValueError, match="d_model"):
+        TopKRouter(10**9, 6, 2)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -0.1])
+def test_select_top_k_rejects_nan_and_negative_probs(bad):
+    with pytest.raises(ValueError, match="probs"):
+        select_top_k(torch.tensor([[0.5, bad, 0.2, 0.3]]), 2)
+
+
+def test_group_limited_mask_rejects_nan_scores():
+    with pytest.raises(ValueError, match="scores"):
+        group_limited_mask(torch.tensor([[float("nan"), .1, .2, .3]]),
+                           n_group=2, topk_group=1)

@@ -52,3 +52,8 @@ def test_workers_reject_a_size_larger_than_the_world():
     with pytest.raises(ValueError, match="size must be <= world_size=1, "
                        "got 2"):
         scaling_experiments.tensor_parallel_run(0, 1, 2)
+
+
+def test_node_limited_run_rejects_a_string_flag():
+    with pytest.raises(TypeError, match="limited"):
+        scaling_experiments.node_limited_run(0, 1, 1, limited="False")

@@ -191,7 +191,19 @@ def test_score_variance_mc_defaults_generator_and_checks():
     for bad in (0.0, -1.0):
         with pytest.raises(ValueError, match=r"^sigma_k must be > 0"):
             score_scaling.score_variance_mc(3, 10, sigma_k=bad)
-    with pytest.raises(ValueError, match=r"^sigma_k must be a real number"):
+    with pytest.raises(TypeError, match=r"^sigma_k must be a real number"):
         score_scaling.score_variance_mc(3, 10, sigma_k="1")
-    with pytest.raises(ValueError, match=r"^z must be a floating tensor"):
+    with pytest.raises(TypeError, match=r"^z must be a floating tensor"):
         score_scaling.softmax_jacobian([1.0, 2.0])
+
+
+def test_saturation_stats_rejects_huge_sizes_and_string_flags():
+    with pytest.raises(ValueError, match="d_k"):
+        score_scaling.saturation_stats(10**7, n_keys=8, n_rows=50)
+    with pytest.raises(TypeError, match="scaled"):
+        score_scaling.saturation_stats(8, scaled="False")
+
+
+def test_softmax_jacobian_rejects_a_huge_jacobian():
+    with pytest.raises(ValueError, match="z"):
+        score_scaling.softmax_jacobian(torch.zeros(10**5))

@@ -15,6 +15,7 @@ from course_lib.distributed.tensor_parallel import (ColumnParallelLinear,
                                                     RowParallelLinear,
                                                     TensorParallelAttention,
                                                     TensorParallelSwiGLU)
+from errors import error_for
 
 TOL = 1e-5
 
@@ -101,7 +102,7 @@ def test_sum_of_row_shards_is_the_full_layer_without_a_group():
      "pass rank and world_size together"),
 ])
 def test_tensor_parallel_rejects_bad_sizes(make, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         make()
 
 
@@ -125,3 +126,9 @@ def test_one_rank_equals_the_full_modules_in_process():
     assert torch.allclose(tp(x), mha(x), atol=TOL)
     with pytest.raises(ValueError, match="x must have shape"):
         tp(torch.randn(2, 5, 8))
+
+
+def test_copy_input_must_be_a_bool():
+    with pytest.raises(TypeError, match="copy_input"):
+        ColumnParallelLinear(nn.Linear(4, 4), rank=0, world_size=1,
+                             copy_input="False")

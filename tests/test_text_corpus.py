@@ -83,3 +83,9 @@ def test_char_batches_are_shifted_windows_like_lm_batches():
         next(text_corpus.char_batches(ids[:16], batch_size=2, length=16))
     with pytest.raises(ValueError, match="1-d long"):
         next(text_corpus.char_batches(ids.float(), batch_size=2, length=4))
+
+
+def test_char_batches_checks_the_batch_size_at_the_call():
+    ids = torch.arange(100)
+    with pytest.raises(ValueError, match="batch_size"):
+        text_corpus.char_batches(ids, batch_size=10**9, length=8)

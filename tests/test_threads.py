@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from course_lib._util.threads import small_ops
+from errors import error_for
 
 
 @pytest.fixture
@@ -72,5 +73,11 @@ def test_recursive_decorated_function_restores_the_count(two_threads):
     ("1", "num_threads must be an int, got str '1'"),
 ])
 def test_bad_num_threads_raises_value_error_naming_it(bad, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error_for(message), match=message):
         small_ops(bad)
+
+
+def test_more_threads_than_cpus_are_rejected(two_threads):
+    with pytest.raises(ValueError, match="num_threads"):
+        small_ops(10**6)
+    assert torch.get_num_threads() == 2

@@ -101,7 +101,7 @@ def test_chat_template(tok):
 
 @needs_weights
 def test_bad_input(tok):
-    with pytest.raises(ValueError, match="text must be a str"):
+    with pytest.raises(TypeError, match="text must be a str"):
         tok.encode(b"bytes")
     with pytest.raises(ValueError, match="ids must be a list of ints"):
         tok.decode([0, 49152])

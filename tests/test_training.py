@@ -618,7 +618,7 @@ def test_training_messages_in_full(tmp_path):
     with pytest.raises(TypeError, match=r"^model must be a torch.nn.Module,"
                        r" got str$"):
         training.make_optimizer("model", lr=1e-3)
-    with pytest.raises(ValueError, match=r"^weight_decay must be a real "
+    with pytest.raises(TypeError, match=r"^weight_decay must be a real "
                        r"number, got str '0.1'$"):
         training.make_optimizer(model, lr=1e-3, weight_decay="0.1")
     with pytest.raises(TypeError, match=r"^batch must be a tuple \(inputs, "

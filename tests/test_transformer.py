@@ -202,3 +202,25 @@ def test_one_length_for_a_batch_is_an_error_not_a_broadcast():
     with pytest.raises(ValueError, match="src_lengths must hold one length"):
         greedy_decode(tr, src, max_len=3, bos_id=1, eos_id=2, src_lengths=[4])
     tr(src, tgt, src_lengths=[2, 4], tgt_lengths=torch.tensor([3, 4]))
+
+
+# ------------------------------------------------- checks at construction
+@pytest.mark.parametrize("field", ["max_len", "n_layers"])
+def test_transformer_checks_its_size_before_building(field):
+    config = TransformerConfig(src_vocab_size=11, tgt_vocab_size=11,
+                               d_model=16, n_heads=2, d_ff=32,
+                               **{field: 10**9 if field == "max_len"
+                                  else 10**6})
+    with pytest.raises(ValueError, match=field):
+        Transformer(config)
+
+
+def test_transformer_layers_reject_bad_flags_and_a_missing_memory():
+    from course_lib.model.transformer import DecoderLayer, EncoderLayer
+    with pytest.raises(TypeError, match="memory"):
+        DecoderLayer(8, 2, 16)(torch.randn(1, 3, 8), None)
+    for layer in (EncoderLayer, DecoderLayer):
+        with pytest.raises(TypeError, match="dropout"):
+            layer(8, 2, 16, dropout=True)
+    with pytest.raises(TypeError, match="tie_embeddings"):
+        TransformerConfig(tie_embeddings="False")

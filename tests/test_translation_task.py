@@ -124,3 +124,8 @@ def test_seq2seq_loss_ignores_padding():
     wider = torch.cat([src, torch.full((8, 3), special_tokens.PAD)], dim=1)
     assert torch.allclose(translation_task.seq2seq_loss(model, (wider, tgt_in, tgt_out)),
                           loss, atol=1e-5)
+
+
+def test_train_toy_translation_progress_must_be_a_bool():
+    with pytest.raises(TypeError, match="progress"):
+        translation_task.train_toy_translation(progress="False")

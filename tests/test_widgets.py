@@ -333,3 +333,45 @@ def test_a_title_too_long_for_the_frame_wraps_inside_it():
     height = fig.axes[0].title.get_window_extent(
         fig.canvas.get_renderer()).height
     assert height > 1.8 * ex.font_pt * fig.dpi / 72     # two lines
+
+
+def test_flags_of_the_notebook_helpers_must_be_bools():
+    from matplotlib.figure import Figure
+    from course_lib.notebook.frames import figure_to_png
+    from course_lib.notebook.source import source_lines
+    with pytest.raises(TypeError, match="inline"):
+        markdown_to_html("x", inline="False")
+    with pytest.raises(TypeError, match="tex_delimiters"):
+        markdown_to_html("x", tex_delimiters=1)
+    with pytest.raises(TypeError, match="checks"):
+        source_lines(markdown_to_html, checks="False")
+    with pytest.raises(TypeError, match="palette"):
+        figure_to_png(Figure(), palette="False")
+
+
+def check_shape_of(x):
+    """Stand-in for a course_lib check (only its name matters here)."""
+
+
+check_size_of = check_shape_of
+
+
+def _checked(x, n=None):
+    """Docstring."""
+    # a comment that explains the check below
+    check_shape_of(x)
+    if n is not None:
+        check_size_of(n)
+    # the idea starts here
+    return x + 1
+
+
+def test_source_lines_hides_checks_with_their_comments():
+    from course_lib.notebook.source import source_lines
+    text = source_lines(_checked)
+    assert text.splitlines() == [
+        "def _checked(x, n=None):",
+        "    # (argument checks left out)",
+        "    # the idea starts here",
+        "    return x + 1"]
+    assert "check_size_of" in source_lines(_checked, checks=True)

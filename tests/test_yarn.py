@@ -13,6 +13,7 @@ from course_lib.model.sinusoidal import frequencies
 from course_lib.model.yarn import (YARN_KEYS, check_rope_scaling,
                                    yarn_correction_range, yarn_frequencies,
                                    yarn_mscale, yarn_rope, yarn_scales)
+from errors import error_for
 
 V3 = deepseek_yarn(mscale=1.0)
 
@@ -111,7 +112,8 @@ def test_yarn_rope_is_relative():
     ({k: V3[k] for k in YARN_KEYS[:-1]}, r"missing \['mscale_all_dim'\]"),
     (dict(V3, type="linear"), r"rope_scaling\['type'\] must be 'yarn'"),
     (dict(V3, factor=0.5), r"rope_scaling\['factor'\] must be >= 1, got"),
-    (dict(V3, factor="40"), r"rope_scaling\['factor'\] must be a real"),
+    (dict(V3, factor="40"),
+     r"rope_scaling\['factor'\] must be a real number"),
     (dict(V3, original_max_position_embeddings=4096.0),
      r"original_max_position_embeddings'\] must be an int"),
     (dict(V3, beta_slow=0), r"rope_scaling\['beta_slow'\] must be > 0"),
@@ -120,7 +122,7 @@ def test_yarn_rope_is_relative():
      r"rope_scaling\['beta_fast'\] must be >= beta_slow=32"),
 ])
 def test_check_rope_scaling_rejects(value, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error_for(match), match=match):
         check_rope_scaling("rope_scaling", value)
 
 
@@ -137,8 +139,31 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="rope_scaling must be a dict"):
         yarn_scales(None)
     w = frequencies(8)
-    with pytest.raises(ValueError, match=r"x must be a floating tensor "
-                                         r"\(\.\.\., T, d\) with d = 2"):
+    with pytest.raises(ValueError, match=r"x must have shape "
+                                          r"\(\.\.\., T, d\) with d = 2"):
         yarn_rope(torch.randn(3, 6), torch.arange(3), w)
+    with pytest.raises(TypeError, match=r"x must be a floating tensor"):
+        yarn_rope(torch.ones(3, 8, dtype=torch.long), torch.arange(3), w)
     with pytest.raises(ValueError, match="omega must be a 1-D tensor"):
         yarn_rope(torch.randn(3, 8), torch.arange(3), [1.0] * 4)
+
+
+def test_yarn_rope_rejects_string_flags_and_bad_factors():
+    w = frequencies(8)
+    x, pos = torch.randn(3, 8), torch.arange(3)
+    with pytest.raises(TypeError, match="interleaved"):
+        yarn_rope(x, pos, w, interleaved="False")
+    with pytest.raises(TypeError, match="positions"):
+        yarn_rope(x, None, w)
+    for bad in (0.0, -1.0, float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="rope_factor"):
+            yarn_rope(x, pos, w, rope_factor=bad)
+    # below 1 is valid: mscale < mscale_all_dim gives such a factor
+    assert torch.allclose(yarn_rope(x, pos, w, rope_factor=0.5),
+                          0.5 * yarn_rope(x, pos, w))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_deepseek_yarn_rejects_non_finite_mscale(bad):
+    with pytest.raises(ValueError, match="mscale"):
+        deepseek_yarn(mscale=bad)

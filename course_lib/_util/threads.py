@@ -31,6 +31,7 @@ run on), chapter 5's evaluation of its small model
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -60,11 +61,20 @@ class small_ops(contextlib.ContextDecorator):
     ``torch.set_num_threads``.
 
     Args:
-        num_threads: threads inside the block, ``>= 1`` (default 1).
+        num_threads: threads inside the block, ``>= 1`` (default 1), and
+            at most the number of CPUs or torch's current count, whichever
+            is larger.
     """
 
     def __init__(self, num_threads: int = 1) -> None:
         check_int("num_threads", num_threads, minimum=1)
+        # More threads than CPUs cannot run at once, and OpenMP starts
+        # them all on the next parallel op: thousands exhaust the process's
+        # threads or address space, and the interpreter aborts there.
+        limit = max(os.cpu_count() or 1, torch.get_num_threads())
+        if num_threads > limit:
+            raise ValueError(f"num_threads must be <= {limit} (the CPUs, "
+                             f"or torch's current count), got {num_threads}")
         self.num_threads = num_threads
         self._saved: list[int] = []   # a stack: the object can be reused
 

@@ -58,6 +58,9 @@ def resolve_rank_and_size(group, rank, world_size) -> tuple[int, int]:
 
 
 def require_group(group, world_size: int) -> None:
+    """A module built for ``world_size`` > 1 ranks needs an initialised
+    process group; raises a RuntimeError saying how to start one."""
+    check_int("world_size", world_size, minimum=1)
     if world_size > 1 and not dist.is_initialized():
         raise RuntimeError(
             f"this module was built for world_size={world_size} but no "

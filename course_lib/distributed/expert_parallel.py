@@ -154,7 +154,13 @@ class ExpertParallelMoE(nn.Module):
     weights). Every rank must call forward and backward together, with
     inputs that require gradients on all ranks or on none (the
     backward of each all-to-all is an all-to-all too).
-    After each forward, ``stats`` is an :class:`ExpertParallelStats`.
+
+    As :class:`~course_lib.model.moe.MoE`: calling the layer returns the
+    output and keeps the :class:`~course_lib.model.moe.MoEInfo` of this
+    rank's tokens as ``last_info`` (``None`` before the first call; what
+    :func:`~course_lib.model.moe.moe_infos` collects);
+    :meth:`forward_with_info` returns ``(out, info)``. After each
+    forward, ``stats`` is an :class:`ExpertParallelStats`.
 
     Args:
         moe: the single-process layer ($W$ divides ``n_experts``; no
@@ -186,6 +192,11 @@ class ExpertParallelMoE(nn.Module):
             for i in range(self.n_local))
         self.shared_experts = copy.deepcopy(moe.shared_experts)
         self.stats: ExpertParallelStats | None = None
+        self.last_info: MoEInfo | None = None
+
+    def __getstate__(self) -> dict:
+        # as MoE: last_info holds tensors of the last graph
+        return {**super().__getstate__(), "last_info": None}
 
     def extra_repr(self) -> str:
         last = self.expert_offset + self.n_local - 1
@@ -204,9 +215,21 @@ class ExpertParallelMoE(nn.Module):
                                group=self.group)
         return recv                                          # (W, E_r)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEInfo]:
-        """x (B, T, D) or (N, D), this rank's tokens -> (out of the same
-        shape, :class:`~course_lib.model.moe.MoEInfo` of these tokens)."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D) or (N, D), this rank's tokens -> out of the same
+        shape; the :class:`~course_lib.model.moe.MoEInfo` of these tokens
+        is kept as ``last_info``."""
+        out, self.last_info = self.forward_with_info(x)
+        return out
+
+    def forward_with_info(self, x: torch.Tensor
+                          ) -> tuple[torch.Tensor, MoEInfo]:
+        """:meth:`forward`, and the
+        :class:`~course_lib.model.moe.MoEInfo` of this rank's tokens.
+
+        Returns:
+            ``(out, info)``: out of the shape of x, (B, T, D) or (N, D).
+        """
         require_group(self.group, self.world_size)
         t0 = time.perf_counter()
         if not isinstance(x, torch.Tensor) or x.dim() < 2 \
@@ -248,7 +271,7 @@ class ExpertParallelMoE(nn.Module):
         # 5) combine: results back to the ranks of their tokens
         back = all_to_all(y, send_splits, recv_splits, self.group)
         t4 = time.perf_counter()                             # (N k, D)
-        # g_{e,t} FFN_e(u_t), slot by slot, as in MoE.forward
+        # g_{e,t} FFN_e(u_t), slot by slot, as in MoE.forward_with_info
         back = back * r.weights.reshape(-1)[order, None].to(back.dtype)
         slots = u.new_zeros(N * k, D).index_copy(0, order, back)
         out = slots.view(N, k, D).sum(1)                     # (N, D)

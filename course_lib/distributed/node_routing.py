@@ -58,6 +58,11 @@ def expert_nodes(indices: torch.Tensor, n_experts: int,
     if n_experts % n_nodes:
         raise ValueError(f"n_nodes must divide n_experts={n_experts}, got "
                          f"{n_nodes}")
+    # expert E or -1 would land on a node that does not exist
+    if indices.numel() and (indices.min() < 0 or indices.max() >= n_experts):
+        raise ValueError(f"indices must hold experts in [0, {n_experts}), "
+                         f"got [{indices.min().item()}, "
+                         f"{indices.max().item()}]")
     return indices // (n_experts // n_nodes)                 # (N, k)
 
 
@@ -114,6 +119,11 @@ def cross_node_traffic(indices: torch.Tensor, token_node: torch.Tensor,
             token_node.shape != indices.shape[:1]:
         raise ValueError(f"token_node must be a tensor of shape "
                          f"({indices.shape[0]},), got {token_node!r:.60}")
+    if token_node.numel() and (token_node.min() < 0
+                               or token_node.max() >= n_nodes):
+        raise ValueError(f"token_node must hold nodes in [0, {n_nodes}), "
+                         f"got [{token_node.min().item()}, "
+                         f"{token_node.max().item()}]")
     check_int("row_bytes", row_bytes, minimum=1)
     N, k = indices.shape
     used = torch.zeros(N, n_nodes, dtype=torch.bool)

@@ -23,7 +23,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
-from .._util.validation import check_int, check_real
+from .._util.validation import check_bool, check_int, check_real
 from ..model.block import SwiGLU
 from ..model.masks import causal_mask
 from ..model.mha import MultiHeadAttention
@@ -151,9 +151,9 @@ def expert_parallel_run(rank: int, world_size: int, size: int, *,
     stats = []
     with torch.no_grad():
         for _ in range(repeats):
-            y, _ = ep(xs[rank])                              # (N, D)
+            y = ep(xs[rank])                                 # (N, D)
             stats.append(ep.stats)
-        ref, _ = moe(torch.cat(xs))                          # (W N, D)
+        ref = moe(torch.cat(xs))                             # (W N, D)
     rows = slice(rank * n_tokens, (rank + 1) * n_tokens)
     return {"max_diff": _maxdiff(y, ref[rows]), "stats": stats,
             "n_tokens": n_tokens}
@@ -224,8 +224,8 @@ def imbalance_run(rank: int, world_size: int, size: int, *,
         out["before"] = measure()
         imbalance = []
         for _ in range(steps):
-            _, info = ep(x)
-            load = info.load.clone()                         # (E,)
+            ep(x)
+            load = ep.last_info.load.clone()                 # (E,)
             dist.all_reduce(load, group=group)               # global c
             imbalance.append(float(load.max() / load.float().mean()))
             ep.gate.update_bias(load, gamma=gamma)
@@ -251,6 +251,7 @@ def node_limited_run(rank: int, world_size: int, size: int, *,
     this rank's tokens (per-slot and per-node copies), and
     ``"max_diff"`` against the single-process MoE.
     """
+    check_bool("limited", limited)
     group, member = _group(rank, world_size, size)
     if not member:
         return None
@@ -270,8 +271,8 @@ def node_limited_run(rank: int, world_size: int, size: int, *,
     ep = ExpertParallelMoE(moe, group)
     xs = _inputs(size, n_tokens, d_model, seed)
     with torch.no_grad():
-        y, info = ep(xs[rank])
-        ref, _ = moe(torch.cat(xs))
+        y, info = ep.forward_with_info(xs[rank])
+        ref = moe(torch.cat(xs))
     rows = slice(rank * n_tokens, (rank + 1) * n_tokens)
     node = torch.full((n_tokens,), rank // ranks_per_node)
     traffic = cross_node_traffic(info.indices, node, n_experts=n_experts,

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._util.validation import check_type
+from .._util.validation import check_bool, check_type
 from ..model.attention import fused_attention, scaled_dot_product_attention
 from ..model.block import SwiGLU
 from ..model.mha import (
@@ -96,6 +96,7 @@ class ColumnParallelLinear(nn.Module):
                  copy_input: bool = True) -> None:
         super().__init__()
         check_type("linear", linear, nn.Linear, "an nn.Linear")
+        check_bool("copy_input", copy_input)
         self.rank, self.world_size = resolve_rank_and_size(group, rank, world_size)
         _check_linear("linear", linear, linear.out_features, "out_features",
                       self.world_size)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .._util.timing import best_time
-from .._util.validation import check_int, check_lengths
+from .._util.validation import check_bool, check_int, check_lengths
 from ..model.attention import fused_attention, scaled_dot_product_attention
 
 __all__ = ["attention_weights_bytes", "AttentionTiming", "time_attention",
@@ -82,6 +82,7 @@ def time_attention(lengths: Sequence[int] = (128, 512, 2048), *,
     for name, value in (("d_k", d_k), ("batch", batch),
                         ("n_heads", n_heads), ("repeats", repeats)):
         check_int(name, value, minimum=1)
+    check_bool("causal", causal)
     g = torch.Generator().manual_seed(seed)
     rows = []
     for L in lengths:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .._util.threads import small_ops
-from .._util.validation import check_int, check_type
+from .._util.validation import check_alloc, check_int, check_shape, check_type
 from ..model.masks import causal_mask
 from ..model.mha import MultiHeadAttention
 from ..training import IGNORE, next_token_loss, train
@@ -71,6 +71,9 @@ def induction_batch(batch_size: int, *, length: int = 24,
     check_int("max_period", max_period, minimum=min_period)
     check_int("vocab_size", vocab_size, minimum=max_period + 1)
     check_int("length", length, minimum=max_period + 2)
+    # the permutations (B, V-1) and the sequences (B, T+1)
+    check_alloc("batch_size * (length + vocab_size)",
+                batch_size * (length + vocab_size))
     periods = torch.randint(min_period, max_period + 1, (batch_size, 1),
                             generator=generator)                # (B, 1)
     # A random permutation per row; its first n entries are the segment.
@@ -105,9 +108,16 @@ class TinyAttentionModel(nn.Module):
     def __init__(self, *, vocab_size: int, d_model: int, n_heads: int,
                  n_layers: int, max_len: int) -> None:
         super().__init__()
-        for name, value in (("vocab_size", vocab_size),
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model),
                             ("n_layers", n_layers), ("max_len", max_len)):
             check_int(name, value, minimum=1)
+        # checked before any layer is built (n_layers=10**6 would take
+        # minutes): embeddings, per layer a LayerNorm and an attention
+        # (4 D^2 + 4 D), the final norm and the head
+        check_alloc("the parameters of vocab_size, d_model, n_layers and "
+                    "max_len", (2 * vocab_size + max_len) * d_model
+                    + n_layers * (4 * d_model * d_model + 6 * d_model)
+                    + 2 * d_model + vocab_size)
         self.max_len = max_len
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(max_len, d_model)   # learned positions
@@ -252,11 +262,13 @@ def head_scores(weights: torch.Tensor, tokens: torch.Tensor, *,
             f"weights must be (B, H, T, T) and tokens (B, T), got weights "
             f"{tuple(weights.shape)} and tokens {tuple(tokens.shape)}")
     B, H, T, _ = weights.shape
+    if queries is not None:
+        check_shape("queries", queries, (B, T), f"(B, T) = {(B, T)}")
+        if queries.dtype != torch.bool:
+            raise TypeError(f"queries must be a bool tensor, got "
+                            f"{queries.dtype}")
     if queries is None:
         queries = torch.ones(B, T, dtype=torch.bool)
-    elif queries.shape != (B, T) or queries.dtype != torch.bool:
-        raise ValueError(f"queries must be a bool tensor (B, T) = {(B, T)}"
-                         f", got {queries.dtype} {tuple(queries.shape)}")
     t = torch.arange(T)
     w = weights.detach().float()
     # induction[b, t, j] = (x_{j-1} == x_t) for 2 <= j <= t

@@ -116,7 +116,9 @@ def circuit_output(mha: MultiHeadAttention, x: torch.Tensor, head: int,
         mha: a :class:`MultiHeadAttention` without RoPE.
         x: ``(B, T, D)`` the layer's input (self-attention).
         head: query head $i$.
-        mask: bool, True = may attend, as for ``mha``.
+        mask: bool, True = may attend, as for ``mha``. A query row with
+            no allowed key gets zero weights and a zero output, as in
+            :func:`~course_lib.model.attention.scaled_dot_product_attention`.
 
     Returns:
         ``(output (B, T, D), weights (B, T, T))``.
@@ -130,8 +132,14 @@ def circuit_output(mha: MultiHeadAttention, x: torch.Tensor, head: int,
     x1 = torch.cat([x, x.new_ones(B, T, 1)], dim=-1)         # (B, T, D+1)
     scores = x1 @ qk_circuit(mha, head) @ x1.transpose(1, 2)  # (B, T, T)
     m4 = mask_to_4d(mask, B, mha.n_heads, T, T)
+    has_key = None
     if m4 is not None:
         m = m4 if m4.dim() == 2 else m4[:, head if m4.shape[1] > 1 else 0]
-        scores = scores.masked_fill(~m, float("-inf"))       # (B, T, T)
+        # a row with no allowed key would be 0/0: let it attend everywhere,
+        # then zero it (scaled_dot_product_attention's rule)
+        has_key = m.any(dim=-1, keepdim=True)
+        scores = scores.masked_fill(~(m | ~has_key), float("-inf"))
     weights = scores.softmax(dim=-1)                         # (B, T, T)
+    if has_key is not None:
+        weights = weights * has_key                          # zero dead rows
     return weights @ x1 @ ov_circuit(mha, head), weights     # (B, T, D)

@@ -64,8 +64,7 @@ def attention_maps(model: DecoderLM, idx: torch.Tensor
         maps.append(w)
         # 2) the rest of the block, as DecoderBlock.forward computes it
         x = x + block.dropout(a)                             # (B, T, D)
-        f = block.ffn(block.norm2(x))
-        f = f[0] if isinstance(f, tuple) else f              # MoE: (out, info)
+        f = block.ffn(block.norm2(x))                        # (B, T, D)
         x = x + block.dropout(f)                             # (B, T, D)
     maps = torch.stack(maps)                                 # (N, B, H, T, T)
     return maps, model.lm_head(model.norm(x))               # (B, T, V)

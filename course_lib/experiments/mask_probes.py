@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .._util.validation import check_bool_mask, check_type
+from .._util.validation import check_bool_mask, check_int, check_type
 
 __all__ = ["next_token_pairs", "influence_matrix", "draw_mask"]
 
@@ -85,14 +85,15 @@ def influence_matrix(fn: Callable[[torch.Tensor], torch.Tensor],
         columns = perturbed inputs.
     """
     if not callable(fn):
-        raise ValueError(f"fn must be callable, got {fn!r}")
+        raise TypeError(f"fn must be callable, got {fn!r:.40}")
     check_type("x", x, torch.Tensor, "a torch.Tensor")
-    if not x.dtype.is_floating_point or x.dim() < 2:
-        raise ValueError(f"x must be a floating tensor of shape (..., T, D), "
-                         f"got dtype {x.dtype} and shape {tuple(x.shape)}")
-    if isinstance(n_trials, bool) or not isinstance(n_trials, int) \
-            or n_trials < 1:
-        raise ValueError(f"n_trials must be an int >= 1, got {n_trials!r}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x must be a floating tensor of shape (..., T, D), "
+                        f"got dtype {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (..., T, D), got "
+                         f"{tuple(x.shape)}")
+    check_int("n_trials", n_trials, minimum=1)
     T = x.shape[-2]
     base = fn(x)                                             # (..., T, D_out)
     if base.dim() < 2 or base.shape[-2] != T:

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .._util.validation import check_real, check_type
+from .._util.validation import check_alloc, check_even, check_real, check_type
 from ..model.rope import apply_rope
 from ..model.sinusoidal import frequencies
 
@@ -41,6 +41,12 @@ def rotation_matrix(k: float, d_model: int, base: float = 10000.0,
         orthogonal tensor of shape (D, D).
     """
     check_real("k", k, positive=False)
+    check_even("d_model", d_model)
+    # An integer dtype would round every sin and cos to 0 or 1.
+    check_type("dtype", dtype, torch.dtype, "a torch.dtype")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    check_alloc("d_model * d_model", d_model * d_model)
     c = k * frequencies(d_model, base)                         # (P,)
     cos, sin = torch.cos(c), torch.sin(c)                      # (P,)
     r = torch.zeros(d_model, d_model, dtype=torch.float64)     # (D, D)
@@ -66,8 +72,12 @@ def offset_dot_product(offsets: torch.Tensor, d_model: int,
         float64 tensor of shape (...).
     """
     if not isinstance(offsets, torch.Tensor):
-        raise ValueError(
+        raise TypeError(
             f"offsets must be a torch.Tensor, got {type(offsets).__name__}")
+    check_even("d_model", d_model)
+    # one cosine per offset and feature pair
+    check_alloc("offsets.numel() * d_model / 2",
+                offsets.numel() * (d_model // 2))
     w = frequencies(d_model, base)                             # (P,)
     k = offsets.to(torch.float64)[..., None]                   # (..., 1)
     return torch.cos(k * w).sum(-1)                            # (...)

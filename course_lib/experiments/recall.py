@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from .._util.validation import check_int, check_real, check_type
+from .._util.validation import check_alloc, check_int, check_real, check_type
 from ..training import train
 
 __all__ = ["make_recall_batch", "RNNRecaller", "AttentionRecaller",
@@ -40,6 +40,7 @@ def make_recall_batch(batch: int, distance: int, *, vocab_size: int,
     check_int("batch", batch, minimum=1)
     check_int("distance", distance, minimum=1)
     check_int("vocab_size", vocab_size, minimum=2)
+    check_alloc("batch * (distance + 1)", batch * (distance + 1))
     symbols = torch.randint(vocab_size, (batch, distance),
                             generator=generator)  # (B, distance)
     query = torch.full((batch, 1), vocab_size)  # (B, 1): token id V
@@ -144,6 +145,13 @@ def recall_accuracy(model: nn.Module, distance: int, *, batch: int = 1000,
                     seed: int = 12345) -> float:
     """Accuracy on one fixed held-out batch. Introduced in chapter 1."""
     check_type("model", model, nn.Module, "a torch.nn.Module")
+    check_int("batch", batch, minimum=1)
+    check_int("distance", distance, minimum=1)
+    # one evaluation batch: (batch, distance + 1) embeddings of the
+    # model's width (the recallers' `embed`)
+    width = getattr(getattr(model, "embed", None), "embedding_dim", 1)
+    check_alloc("batch * (distance + 1) * the model's width",
+                batch * (distance + 1) * width)
     g = torch.Generator().manual_seed(seed)
     x, y = make_recall_batch(batch, distance, vocab_size=model.vocab_size,
                              generator=g)

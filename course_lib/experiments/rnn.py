@@ -21,10 +21,10 @@ from collections import deque
 import torch
 from torch import nn
 
-from .._util.validation import check_int, check_real, check_type
+from .._util.validation import check_bool, check_int, check_real, check_type
 
 __all__ = ["SimpleRNN", "set_recurrent_scale", "gradient_norm_vs_distance",
-           "PATH_KINDS", "max_path_length", "draw_seq2seq"]
+           "PATH_KINDS", "MAX_PATH_STEPS", "max_path_length", "draw_seq2seq"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda z: z}
 
@@ -155,6 +155,30 @@ def gradient_norm_vs_distance(rnn: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 PATH_KINDS = ("rnn", "cnn", "dilated_cnn", "restricted_attention", "attention")
 
+# Most candidate successors :func:`max_path_length`'s search may look at
+# (about 2 s in CPython); longer sequences are answered by the closed
+# forms of its docstring.
+MAX_PATH_STEPS = 2_000_000
+
+
+def _search_steps(kind: str, n: int, k: int) -> int:
+    """Upper bound on the candidate successors the search of
+    :func:`max_path_length` looks at: ``k`` for every node of the layers
+    below the answer's depth that input 0 reaches (rnn: 2 layers of ``n``
+    nodes; attention: ``n`` successors of one node)."""
+    if kind == "rnn":
+        return 2 * n
+    if kind == "attention":
+        return n
+    if kind == "dilated_cnn":  # layer l reaches positions 0 .. k^l - 1
+        nodes, reach = 0, 1
+        while reach < n:
+            nodes, reach = nodes + reach, reach * k
+        return max(nodes, 1) * k
+    # cnn: ceil((n - 1) / (k - 1)) layers, layer l reaches l (k - 1) + 1
+    depth = max(1, -(-(n - 1) // (k - 1)))
+    return (depth + (k - 1) * depth * (depth - 1) // 2) * k
+
 
 def _successors(kind: str, node: tuple[int, int], n: int, k: int):
     """Nodes that read ``node`` = (layer, position); layer 0 is the input."""
@@ -187,11 +211,22 @@ def max_path_length(kind: str, length: int, *, kernel_size: int = 3) -> int:
             "attention".
         length: n, the sequence length.
         kernel_size: k, the kernel width or attention window (>= 2).
+
+    The search looks at no more than :data:`MAX_PATH_STEPS` candidate
+    edges (a few seconds); a longer one (rnn beyond a million positions,
+    cnn with $k = 2$ beyond about 1400) raises a ValueError.
     """
     if kind not in PATH_KINDS:
         raise ValueError(f"kind must be one of {PATH_KINDS}, got {kind!r}")
     check_int("length", length, minimum=1)
     check_int("kernel_size", kernel_size, minimum=2)
+    steps = _search_steps(kind, length, kernel_size)
+    if steps > MAX_PATH_STEPS:
+        raise ValueError(
+            f"length={length} with kernel_size={kernel_size} needs a "
+            f"search over about {steps:,} {kind} graph edges, more than "
+            f"MAX_PATH_STEPS={MAX_PATH_STEPS:,}; the closed forms in the "
+            f"docstring give the answer for long sequences")
     graph = "cnn" if kind == "restricted_attention" else kind
     start = (0, 0)
     dist = {start: 0}
@@ -227,6 +262,7 @@ def draw_seq2seq(ax, source: list[str], target: list[str], *,
     if not hasattr(ax, "text") or not hasattr(ax, "plot"):
         raise TypeError(f"ax must be a matplotlib Axes, got "
                         f"{type(ax).__name__}")
+    check_bool("attention", attention)
     for name, words in (("source", source), ("target", target)):
         if not isinstance(words, (list, tuple)) or \
                 not all(isinstance(w, str) for w in words):

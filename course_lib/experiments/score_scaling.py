@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._util.validation import check_int, check_real
+from .._util.validation import check_alloc, check_bool, check_int, check_real
 
 __all__ = ["softmax_jacobian", "score_variance_mc", "SaturationStats",
            "saturation_stats"]
@@ -31,10 +31,13 @@ def softmax_jacobian(z: torch.Tensor) -> torch.Tensor:
     Returns:
         tensor (..., n, n), entry [i, j] = $\partial p_i/\partial z_j$.
     """
-    if not isinstance(z, torch.Tensor) or z.dim() < 1 \
-            or not z.is_floating_point():
-        raise ValueError(f"z must be a floating tensor (..., n), got "
-                         f"{z!r:.60}")
+    if not isinstance(z, torch.Tensor) or not z.is_floating_point():
+        raise TypeError(f"z must be a floating tensor (..., n), got "
+                        f"{getattr(z, 'dtype', type(z).__name__)}")
+    if z.dim() < 1:
+        raise ValueError("z must have shape (..., n), got a 0-d tensor")
+    # the Jacobian holds n values for each entry of z
+    check_alloc("z.numel() * n", z.numel() * z.shape[-1])
     p = torch.softmax(z, dim=-1)                                # (..., n)
     # J = diag(p) - p p^T
     return torch.diag_embed(p) - p[..., :, None] * p[..., None, :]
@@ -104,6 +107,10 @@ def saturation_stats(d_k: int, *, n_keys: int = 16, n_rows: int = 500,
     for name, value, low in (("d_k", d_k, 1), ("n_keys", n_keys, 2),
                              ("n_rows", n_rows, 1), ("d_v", d_v, 1)):
         check_int(name, value, minimum=low)
+    check_bool("scaled", scaled)
+    # q, k, v, g and the Jacobians: about R n (d_k + d_v + n) values
+    check_alloc("n_rows * n_keys * (d_k + d_v + n_keys)",
+                n_rows * n_keys * (d_k + d_v + n_keys))
     kw = dict(generator=generator, dtype=torch.float64)
     q = torch.randn(n_rows, 1, d_k, **kw)                       # (R, 1, d_k)
     k = torch.randn(n_rows, n_keys, d_k, **kw)                  # (R, n, d_k)

@@ -14,7 +14,7 @@ import torch
 
 from .._util.threads import small_ops
 from .._util.timing import best_time
-from .._util.validation import check_int, check_type
+from .._util.validation import check_alloc, check_int, check_type
 
 __all__ = ["TimingResult", "time_recurrence_vs_attention",
            "recurrence_and_attention", "matmul_flops"]
@@ -63,8 +63,11 @@ def time_recurrence_vs_attention(lengths: list[int], *, d_model: int = 64,
         raise ValueError(f"lengths must be positive ints, got {lengths!r}")
     for name, value in (("d_model", d_model), ("batch", batch),
                         ("repeats", repeats)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+        check_int(name, value, minimum=1)
+    # attention holds q, k, v (B, T, 3D) and the scores (B, T, T)
+    T = max(lengths)
+    check_alloc("batch * max(lengths) * (max(lengths) + 3 * d_model)",
+                batch * T * (T + 3 * d_model))
     g = torch.Generator().manual_seed(seed)
     w_ih = torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model)
     w_hh = torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model)

@@ -33,7 +33,13 @@ import torch
 
 from .._util.threads import small_ops
 from .._util.timing import best_time
-from .._util.validation import check_ids, check_int, check_real
+from .._util.validation import (
+    check_alloc,
+    check_bool,
+    check_ids,
+    check_int,
+    check_real,
+)
 from ..model.kv_cache import KVCache
 from ..sizing.kv_cache_size import kv_cache_bytes
 from . import sampling
@@ -81,8 +87,8 @@ def prefill(model: torch.nn.Module, ids: torch.Tensor,
         ``(B, V)`` logits of the last position (``(V,)`` for ``(T,)`` ids).
     """
     if not isinstance(cache, KVCache):
-        raise ValueError(f"cache must be a KVCache, got "
-                         f"{type(cache).__name__}")
+        raise TypeError(f"cache must be a KVCache, got "
+                        f"{type(cache).__name__}")
     idx = _check_prompt(ids)                                 # (B, T)
     logits = model(idx, cache=cache)                         # (B, T, V)
     last = logits[:, -1, :]                                  # (B, V)
@@ -136,6 +142,7 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     """
     # every argument is checked before the caller's cache is touched
     sampling.check_sampling_args(temperature, top_k, top_p, min_p)
+    check_bool("use_cache", use_cache)
     if not use_cache:
         if cache is not None:
             raise ValueError("cache must be None when use_cache=False, "
@@ -150,8 +157,8 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     if cache is None:
         cache = KVCache(config.n_layers, max_len=config.max_len)
     elif not isinstance(cache, KVCache):
-        raise ValueError(f"cache must be a KVCache or None, got "
-                         f"{type(cache).__name__}")
+        raise TypeError(f"cache must be a KVCache or None, got "
+                        f"{type(cache).__name__}")
     past = cache.seq_len
     total = past + idx.shape[1] + max_new_tokens
     if total > config.max_len:
@@ -217,6 +224,10 @@ def decode_throughput(model: torch.nn.Module, *, prompt_len: int,
                         ("new_tokens", new_tokens), ("repeats", repeats),
                         ("batch_size", batch_size)):
         check_int(name, value, minimum=1)
+    check_bool("use_cache", use_cache)
+    check_alloc("batch_size * (prompt_len + new_tokens) * vocab_size",
+                batch_size * (prompt_len + new_tokens)
+                * model.config.vocab_size)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(vocab, (batch_size, prompt_len),

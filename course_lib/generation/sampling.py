@@ -266,11 +266,11 @@ def sequence_log_prob(model: torch.nn.Module, ids: torch.Tensor, *,
 
 def _check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got "
-                         f"{type(logits).__name__}")
+        raise TypeError(f"logits must be a torch.Tensor, got "
+                        f"{type(logits).__name__}")
     if not logits.dtype.is_floating_point:
-        raise ValueError(f"logits must be a floating tensor, got dtype "
-                         f"{logits.dtype}")
+        raise TypeError(f"logits must be a floating tensor, got dtype "
+                        f"{logits.dtype}")
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must have shape (..., V) with V >= 1, got "
                          f"{tuple(logits.shape)}")

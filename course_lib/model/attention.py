@@ -19,51 +19,12 @@ leading batch dimensions (e.g. (B,) or (B, H)).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from .._util.validation import broadcasts_to, check_bool_mask, check_real
+from .._util.validation import check_attention_inputs, check_bool
 
 __all__ = ["scaled_dot_product_attention", "fused_attention"]
-
-
-# --------------------------------------------------------------- checks
-def _check_inputs(q, k, v, mask, scale) -> float:
-    """Validate q, k, v, mask and scale; return the scale to use."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() < 2:
-            raise ValueError(f"{name} must be a tensor (..., L, d), got "
-                             f"{getattr(t, 'shape', t)!r:.60}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must be floating point, got {t.dtype}")
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share d_k, got {shapes}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must share the length Lk, got {shapes}")
-    batch = q.shape[:-2]
-    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        try:
-            batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2],
-                                           v.shape[:-2])
-        except RuntimeError:
-            raise ValueError(f"leading dims do not broadcast: "
-                             f"{shapes}") from None
-    if mask is not None:
-        check_bool_mask("mask", mask)
-        # The mask must broadcast *to* the scores and never enlarge them
-        # (that would silently apply the wrong mask per batch element).
-        scores = torch.Size((*batch, q.shape[-2], k.shape[-2]))
-        if not broadcasts_to(mask.shape, scores):
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not "
-                             f"broadcast to the scores (..., Lq, Lk) = "
-                             f"{tuple(scores)}")
-    if scale is None:
-        return 1.0 / math.sqrt(q.shape[-1])
-    check_real("scale", scale, positive=True)
-    return scale
 
 
 # ------------------------------------------------------------ attention
@@ -91,7 +52,7 @@ def scaled_dot_product_attention(
         ``(out, weights)``: out (..., Lq, d_v) and the attention weights
         $A$ (..., Lq, Lk).
     """
-    scale = _check_inputs(q, k, v, mask, scale)
+    scale = check_attention_inputs(q, k, v, mask, scale)
     # A row with no allowed key: let it attend everywhere (finite softmax,
     # finite gradients) and zero it afterwards.
     has_key = None if mask is None else mask.any(dim=-1, keepdim=True)
@@ -132,24 +93,8 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns:
         out (..., Lq, d_v).
     """
-    if not isinstance(enable_gqa, bool):
-        raise ValueError(f"enable_gqa must be a bool, got {enable_gqa!r}")
-    if enable_gqa:
-        shapes_ok = all(isinstance(t, torch.Tensor) and t.dim() == 4
-                        for t in (q, k)) and k.shape[1] >= 1 \
-            and q.shape[1] % k.shape[1] == 0
-        if not shapes_ok:
-            raise ValueError(
-                f"enable_gqa=True needs q (B, H, Lq, d_k) and k (B, G, Lk, "
-                f"d_k) with H a multiple of G, got q "
-                f"{tuple(getattr(q, 'shape', ()))!r:.60}, k "
-                f"{tuple(getattr(k, 'shape', ()))!r:.60}")
-        # check the rest as for k, v repeated to H heads (views, no copy)
-        H = q.shape[1]
-        scale = _check_inputs(q, k[:, :1].expand(-1, H, -1, -1),
-                              v[:, :1].expand(-1, H, -1, -1), mask, scale)
-    else:
-        scale = _check_inputs(q, k, v, mask, scale)
+    check_bool("enable_gqa", enable_gqa)
+    scale = check_attention_inputs(q, k, v, mask, scale, gqa=enable_gqa)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, scale=scale,
                                               enable_gqa=enable_gqa)

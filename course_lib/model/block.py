@@ -28,13 +28,21 @@ F = ``d_ff`` (hidden width of the FFN); ... any leading dimensions.
 """
 from __future__ import annotations
 
-from numbers import Real
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from .._util.validation import check_int, check_real, check_type
+from .._util.validation import (
+    MAX_ELEMENTS,
+    check_alloc,
+    check_bool,
+    check_choice,
+    check_dropout,
+    check_int,
+    check_real,
+    check_type,
+)
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
@@ -46,26 +54,6 @@ __all__ = ["ffn_param_count", "swiglu_param_count", "llama_hidden_dim",
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 
-# --------------------------------------------------------------- checks
-
-def _check_unit(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real) \
-            or not 0 <= value < 1:
-        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
-
-
-def _check_eps(eps) -> None:
-    # finite and > 0: eps = 0 divides by 0 on a constant input, inf zeroes
-    check_real("eps", eps, positive=True)
-
-
-def _check_last(name: str, x, width: int) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() < 1 \
-            or x.shape[-1] != width:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else x
-        raise ValueError(f"{name} must have shape (..., {width}), got "
-                         f"{shape!r:.60}")
-
 
 # ------------------------------------------------------- parameter counts
 def ffn_param_count(*, d_model: int, d_ff: int, bias: bool = True) -> int:
@@ -74,6 +62,7 @@ def ffn_param_count(*, d_model: int, d_ff: int, bias: bool = True) -> int:
     """
     check_int("d_model", d_model, minimum=1)
     check_int("d_ff", d_ff, minimum=1)
+    check_bool("bias", bias)
     return 2 * d_model * d_ff + (d_ff + d_model if bias else 0)
 
 
@@ -119,10 +108,10 @@ class FeedForward(nn.Module):
         super().__init__()
         check_int("d_model", d_model, minimum=1)
         check_int("d_ff", d_ff, minimum=1)
-        _check_unit("dropout", dropout)
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of "
-                             f"{sorted(_ACTIVATIONS)}, got {activation!r}")
+        check_alloc("d_model * d_ff", d_model * d_ff)
+        check_dropout("dropout", dropout)
+        check_choice("activation", activation, sorted(_ACTIVATIONS))
+        check_bool("bias", bias)
         self.d_model, self.d_ff, self.activation = d_model, d_ff, activation
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)     # W_1, b_1
         self.act = _ACTIVATIONS[activation]()
@@ -134,7 +123,6 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> (..., D), each position independently."""
-        _check_last("x", x, self.d_model)
         # FFN(x) = act(x W_1 + b_1) W_2 + b_2
         h = self.act(self.linear1(x))                          # (..., F)
         return self.linear2(self.dropout(h))                   # (..., D)
@@ -157,6 +145,7 @@ class SwiGLU(nn.Module):
         super().__init__()
         check_int("d_model", d_model, minimum=1)
         check_int("d_hidden", d_hidden, minimum=1)
+        check_alloc("d_model * d_hidden", d_model * d_hidden)
         self.d_model, self.d_hidden = d_model, d_hidden
         self.gate_proj = nn.Linear(d_model, d_hidden, bias=False)  # W_g
         self.up_proj = nn.Linear(d_model, d_hidden, bias=False)    # W_u
@@ -164,7 +153,6 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> (..., D), each position independently."""
-        _check_last("x", x, self.d_model)
         gate = nn.functional.silu(self.gate_proj(x))           # (..., F)
         # SwiGLU(x) = (SiLU(x W_g) * x W_u) W_d
         return self.down_proj(gate * self.up_proj(x))          # (..., D)
@@ -187,8 +175,9 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d: int, eps: float = 1e-6) -> None:
         super().__init__()
-        check_int("d", d, minimum=1)
-        _check_eps(eps)
+        check_int("d", d, minimum=1, maximum=MAX_ELEMENTS)
+        # finite and > 0: eps = 0 divides by 0 on a constant input
+        check_real("eps", eps, positive=True)
         self.d, self.eps = d, eps
         self.weight = nn.Parameter(torch.ones(d))              # gamma
 
@@ -197,26 +186,26 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> (..., D)."""
-        _check_last("x", x, self.d)
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         # x / sqrt(mean(x^2) + eps)
         inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * inv_rms).to(x.dtype) * self.weight        # (..., D)
 
 
-def make_norm(kind: str, d: int, *, eps: float | None = None,
+def make_norm(norm: str, d_model: int, *, eps: float | None = None,
               bias: bool = True) -> nn.Module:
     r"""``"layer"`` -> ``nn.LayerNorm`` (eps $10^{-5}$, bias optional),
     ``"rms"`` -> :class:`RMSNorm` (eps $10^{-6}$, never a bias).
     """
-    if kind not in ("layer", "rms"):
-        raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")
-    check_int("d", d, minimum=1)
+    check_choice("norm", norm, ("layer", "rms"))
+    check_int("d_model", d_model, minimum=1, maximum=MAX_ELEMENTS)
     if eps is not None:
-        _check_eps(eps)
-    if kind == "layer":
-        return nn.LayerNorm(d, eps=1e-5 if eps is None else eps, bias=bias)
-    return RMSNorm(d, eps=1e-6 if eps is None else eps)
+        check_real("eps", eps, positive=True)
+    check_bool("bias", bias)
+    if norm == "layer":
+        return nn.LayerNorm(d_model, eps=1e-5 if eps is None else eps,
+                            bias=bias)
+    return RMSNorm(d_model, eps=1e-6 if eps is None else eps)
 
 
 def num_parameters(model: nn.Module) -> int:
@@ -238,9 +227,10 @@ class DecoderBlock(nn.Module):
     positions=positions, cache=cache)`` (a
     :class:`~course_lib.model.mha.MultiHeadAttention`, with or without its RoPE
     hook; later MLA) and the FFN as ``ffn(h)`` (:class:`FeedForward`,
-    :class:`SwiGLU`, later a mixture of experts). The block always returns
-    ``(x, aux)``: ``aux`` is what the FFN reports besides its output (an
-    MoE returns ``(out, info)``, chapter 11), ``None`` for a dense FFN.
+    :class:`SwiGLU`, later a mixture of experts); each returns a tensor of
+    the shape of ``h``. The block returns ``x`` (B, T, D). What an FFN
+    reports besides its output stays on the FFN module (an MoE's routing
+    is its ``last_info``, chapter 11).
 
     Args:
         d_model: $D$. attention, ffn: the two sub-layers.
@@ -254,10 +244,9 @@ class DecoderBlock(nn.Module):
                  ffn: nn.Module, norm: str = "rms", norm_bias: bool = True,
                  eps: float | None = None, dropout: float = 0.0) -> None:
         super().__init__()
-        for name, mod in (("attention", attention), ("ffn", ffn)):
-            if not isinstance(mod, nn.Module):
-                raise ValueError(f"{name} must be an nn.Module, got "
-                                 f"{type(mod).__name__}")
+        check_type("attention", attention, nn.Module, "an nn.Module")
+        check_type("ffn", ffn, nn.Module, "an nn.Module")
+        check_dropout("dropout", dropout)
         self.norm1 = make_norm(norm, d_model, eps=eps, bias=norm_bias)
         self.attention = attention
         self.norm2 = make_norm(norm, d_model, eps=eps, bias=norm_bias)
@@ -266,15 +255,13 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 *, positions: torch.Tensor | None = None,
-                cache: LayerKVCache | None = None):
-        """x (B, T, D) -> (x (B, T, D), aux); see above. ``mask``,
-        ``positions``, ``cache``: passed to the attention."""
+                cache: LayerKVCache | None = None) -> torch.Tensor:
+        """x (B, T, D) -> x (B, T, D). ``mask``, ``positions``, ``cache``:
+        passed to the attention."""
         # x = x + Attn(Norm1(x)): the identity path is never normalised.
         a = self.attention(self.norm1(x), mask, positions=positions,
                            cache=cache)
         x = x + self.dropout(a)                              # (B, T, D)
         # x = x + FFN(Norm2(x))
-        f = self.ffn(self.norm2(x))
-        f, aux = f if isinstance(f, tuple) else (f, None)    # MoE: (out, info)
-        x = x + self.dropout(f)                              # (B, T, D)
-        return x, aux
+        f = self.ffn(self.norm2(x))                          # (B, T, D)
+        return x + self.dropout(f)                           # (B, T, D)

@@ -18,7 +18,12 @@ import torch
 from torch import nn
 
 from .._util.validation import (
+    check_alloc,
+    check_bool,
+    check_callable,
+    check_choice,
     check_dropout,
+    check_equal,
     check_int,
     check_real,
     check_token_ids,
@@ -72,20 +77,18 @@ class DecoderLMConfig:
             check_int(name, getattr(self, name), minimum=1)
         check_dropout("dropout", self.dropout)
         check_real("rope_base", self.rope_base, positive=True)
+        if self.norm_eps is not None:
+            check_real("norm_eps", self.norm_eps, positive=True)
         for name in ("bias", "tie_embeddings", "rope_interleaved"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got "
-                                 f"{getattr(self, name)!r}")
-        for name, options in (("positions", ("learned", "rope")),
-                              ("norm", ("rms", "layer")),
-                              ("ffn", ("swiglu", "gelu", "relu"))):
-            if getattr(self, name) not in options:
-                raise ValueError(f"{name} must be one of {options}, got "
-                                 f"{getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
+        check_choice("positions", self.positions, ("learned", "rope"))
+        check_choice("norm", self.norm, ("rms", "layer"))
+        check_choice("ffn", self.ffn, ("swiglu", "gelu", "relu"))
         if self.d_ff is None:
             self.d_ff = (llama_hidden_dim(self.d_model,
                                           multiple_of=self.multiple_of)
                          if self.ffn == "swiglu" else 4 * self.d_model)
+        check_int("d_ff", self.d_ff, minimum=1)
 
     @classmethod
     def gpt2_small(cls, **overrides) -> "DecoderLMConfig":
@@ -119,18 +122,24 @@ class DecoderLM(nn.Module):
                  ) -> None:
         super().__init__()
         check_type("config", config, DecoderLMConfig, "a DecoderLMConfig")
-        c = self.config = config
+        # refuse a size typo before building anything (n_layers=10**6)
+        check_alloc("the model's parameters", decoder_lm_param_count(config))
         for name, f in (("attention_factory", attention_factory),
                         ("ffn_factory", ffn_factory)):
-            if f is not None and not callable(f):
-                raise ValueError(f"{name} must be a callable layer_idx -> "
-                                 f"nn.Module, got {type(f).__name__}")
+            if f is not None:
+                check_callable(name, f)
+        c = self.config = config
         self._factories = (attention_factory, ffn_factory)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.d_model)  # E
         self.embed_positions = (nn.Embedding(c.max_len, c.d_model)
                                 if c.positions == "learned" else None)
         self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList(self._block(i) for i in range(c.n_layers))
+        # RoPE has no weights: one module serves every layer's attention
+        rope = None if c.positions == "learned" else RotaryEmbedding(
+            c.d_model // c.n_heads, base=c.rope_base,
+            interleaved=c.rope_interleaved)
+        self.layers = nn.ModuleList(self._block(i, rope)
+                                    for i in range(c.n_layers))
         self.norm = make_norm(c.norm, c.d_model, eps=c.norm_eps,
                               bias=c.bias)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
@@ -142,15 +151,12 @@ class DecoderLM(nn.Module):
         if c.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight   # (V, D) shared
 
-    def _block(self, i: int) -> DecoderBlock:
+    def _block(self, i: int, rope: RotaryEmbedding | None) -> DecoderBlock:
         c = self.config
         make_attn, make_ffn = self._factories
         if make_attn is not None:
             attn = make_attn(i)
         else:
-            rope = None if c.positions == "learned" else RotaryEmbedding(
-                c.d_model // c.n_heads, base=c.rope_base,
-                interleaved=c.rope_interleaved)
             attn = MultiHeadAttention(c.d_model, c.n_heads, bias=c.bias,
                                       n_kv_heads=c.n_kv_heads, rope=rope)
         if make_ffn is not None:
@@ -179,21 +185,20 @@ class DecoderLM(nn.Module):
         past = 0
         if cache is not None:
             from .kv_cache import KVCache
-            if not isinstance(cache, KVCache) or len(cache) != c.n_layers:
-                raise ValueError(f"cache must be a KVCache with n_layers="
-                                 f"{c.n_layers} layers, got {cache!r}")
+            check_type("cache", cache, KVCache, "a KVCache")
+            check_equal("the cache's number of layers", len(cache),
+                        c.n_layers)
             past = cache.seq_len
-            if past and cache[0].batch_size != B:
-                raise ValueError(f"idx has batch size {B} but the cache "
-                                 f"holds batch size {cache[0].batch_size}")
+            if past:
+                check_equal("idx's batch size (the cache's)", B,
+                            cache[0].batch_size)
         if positions is None:
             positions = torch.arange(past, past + T,
                                      device=idx.device)      # (T,)
         if cache is not None:
             cache.check_next(positions)
-        if positions.max() >= c.max_len:
-            raise ValueError(f"positions must be < max_len={c.max_len}, "
-                             f"got {positions.max().item()}")
+        check_int("positions.max()", int(positions.max()), minimum=0,
+                  maximum=c.max_len - 1)                     # < max_len
         return past, positions
 
     def forward(self, idx: torch.Tensor,
@@ -206,18 +211,9 @@ class DecoderLM(nn.Module):
         ``cache``: a :class:`~course_lib.model.kv_cache.KVCache` with one layer
         per block; the new keys/values are appended to it and the new
         queries attend to all $S$ cached + new positions (chapter 9).
-        :meth:`forward_with_aux` returns the FFNs' extra outputs too.
+        An MoE layer keeps what its router did on the call;
+        :func:`~course_lib.model.moe.moe_infos` collects it (chapter 11).
         """
-        logits, _ = self.forward_with_aux(idx, positions, cache=cache)
-        return logits                                        # (B, T, V)
-
-    def forward_with_aux(
-            self, idx: torch.Tensor, positions: torch.Tensor | None = None,
-            *, cache: KVCache | None = None
-    ) -> tuple[torch.Tensor, list]:
-        """:meth:`forward`, and the list of what the blocks' FFNs returned
-        besides their output: an MoE's routing information (chapter 11),
-        one entry per MoE block; empty for dense FFNs."""
         c = self.config
         check_token_ids("idx", idx, c.vocab_size, c.max_len)
         T = idx.shape[1]
@@ -231,13 +227,10 @@ class DecoderLM(nn.Module):
         # new token (a decoding step) sees every key: no mask needed.
         mask = (causal_mask(T, past + T, device=idx.device)  # (T, S)
                 if T > 1 else None)
-        aux = []
         for i, block in enumerate(self.layers):
-            h, a = block(h, mask, positions=positions,
-                         cache=None if cache is None else cache[i])
-            if a is not None:
-                aux.append(a)
-        return self.lm_head(self.norm(h)), aux               # (B, T, V)
+            h = block(h, mask, positions=positions,
+                      cache=None if cache is None else cache[i])  # (B, T, D)
+        return self.lm_head(self.norm(h))                    # (B, T, V)
 
 
 def decoder_lm_param_count(config: DecoderLMConfig) -> int:

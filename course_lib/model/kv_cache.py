@@ -28,29 +28,18 @@ from __future__ import annotations
 
 import torch
 
-from .._util.validation import check_int
+from .._util.validation import (
+    check_continues,
+    check_equal,
+    check_fits,
+    check_int,
+)
+
+# A bound on layers far above any published model (Llama 3 405B has 126),
+# so a size typo fails at once instead of building millions of caches.
+MAX_LAYERS = 4096
 
 __all__ = ["LayerKVCache", "KVCache"]
-
-
-def _check_continues(positions, start: int, max_len: int | None) -> None:
-    """``positions`` must be the 1-D run ``start, start + 1, ...`` and fit
-    in ``max_len`` (None: no limit)."""
-    if not isinstance(positions, torch.Tensor) or positions.dim() != 1:
-        got = getattr(positions, "shape", positions)
-        raise ValueError(f"positions must be a 1-D tensor (T,), got {got}")
-    expected = torch.arange(start, start + positions.numel(),
-                            device=positions.device)
-    if not torch.equal(positions.long(), expected):
-        shown = positions.tolist()
-        shown = shown if len(shown) <= 8 else shown[:8] + ["..."]
-        raise ValueError(
-            f"positions must continue the cache, i.e. start at "
-            f"{start} and increase by 1, got {shown}")
-    if max_len is not None and start + positions.numel() > max_len:
-        raise ValueError(
-            f"cache overflow: {start} cached + {positions.numel()} new "
-            f"positions exceeds max_len={max_len}")
 
 
 class LayerKVCache:
@@ -85,32 +74,14 @@ class LayerKVCache:
         """Append ``new`` (each ``(B, ..., T, d)``) and return the full
         tensors ``(B, ..., S, d)`` with $S$ = cached + $T$.
 
-        Raises:
-            ValueError: no tensors, tensors that disagree in batch or
-                length, a different number or batch size than the cached
-                ones, or more than ``max_len`` positions in total.
+        The attention layer that owns the cache calls this with tensors it
+        made, so only the errors a caller can cause are checked (a
+        ``ValueError``): more than ``max_len`` positions in total, or a
+        batch size other than the cached one.
         """
-        if not new or not all(isinstance(t, torch.Tensor) and t.dim() >= 2
-                              for t in new):
-            raise ValueError("update needs one or more tensors with a time "
-                             "axis at dim -2")
-        B, T = new[0].shape[0], new[0].shape[-2]
-        for t in new:
-            if t.shape[0] != B or t.shape[-2] != T:
-                raise ValueError(
-                    f"tensors passed to update must share batch and length, "
-                    f"got shapes {[tuple(x.shape) for x in new]}")
-        if self.tensors:
-            if len(new) != len(self.tensors):
-                raise ValueError(f"this cache holds {len(self.tensors)} "
-                                 f"tensors per layer, got {len(new)}")
-            if B != self.batch_size:
-                raise ValueError(f"batch size {B} does not match the "
-                                 f"cache's batch size {self.batch_size}")
-        if self.max_len is not None and len(self) + T > self.max_len:
-            raise ValueError(
-                f"cache overflow: {len(self)} cached + {T} new positions "
-                f"exceeds max_len={self.max_len}")
+        check_fits(len(self), new[0].shape[-2], self.max_len)
+        if self.tensors:        # a cache made for another batch
+            check_equal("the batch size", new[0].shape[0], self.batch_size)
         if self.tensors:
             # K_{1:t} = concat(K_{1:t-1}, k_t) along time (dim -2)
             self.tensors = tuple(torch.cat([old, t], dim=-2)
@@ -123,14 +94,11 @@ class LayerKVCache:
         """Reject ``positions`` (T,) that do not continue this cache: they
         must be ``len, len + 1, ...`` (a gap or a repeat would pair new
         queries with the wrong keys), and fit in ``max_len``."""
-        _check_continues(positions, len(self), self.max_len)
+        check_continues(positions, len(self), self.max_len)
 
     def crop(self, n: int) -> None:
         """Keep only the first ``n`` positions (``0 <= n <= len``)."""
-        check_int("n", n, minimum=0)
-        if n > len(self):
-            raise ValueError(f"n must be <= the {len(self)} cached "
-                             f"positions, got {n}")
+        check_int("n", n, minimum=0, maximum=len(self))   # cached positions
         self.tensors = tuple(t[..., :n, :] for t in self.tensors) if n else ()
 
     def nbytes(self) -> int:
@@ -156,7 +124,7 @@ class KVCache:
     """
 
     def __init__(self, n_layers: int, *, max_len: int | None = None) -> None:
-        check_int("n_layers", n_layers, minimum=1)
+        check_int("n_layers", n_layers, minimum=1, maximum=MAX_LAYERS)
         self.max_len = max_len
         self.layers = [LayerKVCache(max_len=max_len) for _ in range(n_layers)]
 
@@ -176,7 +144,7 @@ class KVCache:
         """Reject ``positions`` (T,) that do not continue the cache:
         they must be ``seq_len, seq_len + 1, ...``. A gap or a repeat
         would pair new queries with the wrong keys."""
-        _check_continues(positions, self.seq_len, self.max_len)
+        check_continues(positions, self.seq_len, self.max_len)
 
     def fork(self) -> "KVCache":
         """An independent copy (e.g. after a shared prefix): appending to

@@ -87,6 +87,10 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor,
     expert_load(indices, n_experts)                          # range check
     if probs.shape[-2] == 0:
         return probs.new_zeros(())     # no tokens: nothing is imbalanced
+    if indices.shape[-1] == 0:
+        # f_i would be 0/0: a token must choose at least one expert
+        raise ValueError(f"indices must hold k >= 1 chosen experts per "
+                         f"token, got shape {tuple(indices.shape)}")
     one_hot = nn.functional.one_hot(indices, n_experts)      # (.., N, k, E)
     # f_i = (slots sent to i) / (N k)
     f = one_hot.flatten(-3, -2).float().mean(-2)             # (.., E)
@@ -122,6 +126,10 @@ def update_bias(bias: torch.Tensor, load: torch.Tensor, *,
     if load.shape != bias.shape:
         raise ValueError(f"load must have shape {tuple(bias.shape)}, got "
                          f"{tuple(load.shape)}")
+    if load.numel() and not bool((load.min() >= 0) & load.isfinite().all()):
+        # sign() of a NaN difference is NaN, and a count is never negative
+        raise ValueError(f"load must hold finite counts >= 0, got "
+                         f"{load.tolist()!r:.80}")
     c = load.to(bias.dtype)
     # b_i += gamma * sign(mean load - load_i)
     return bias + gamma * torch.sign(c.mean() - c)

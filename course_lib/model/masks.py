@@ -28,7 +28,13 @@ import functools
 
 import torch
 
-from .._util.validation import check_bool_mask, check_int, check_lengths
+from .._util.validation import (
+    check_alloc,
+    check_bool_mask,
+    check_float_dtype,
+    check_int,
+    check_lengths,
+)
 
 __all__ = ["causal_mask", "sliding_window_mask", "padding_mask",
            "combine_masks", "additive_mask"]
@@ -54,6 +60,7 @@ def causal_mask(q_len: int, k_len: int | None = None, *,
     check_int("q_len", q_len, minimum=1)
     k_len = q_len if k_len is None else k_len
     check_int("k_len", k_len, minimum=1)
+    check_alloc("q_len * k_len", q_len * k_len)
     i = torch.arange(q_len, device=device)[:, None]             # (Lq, 1)
     j = torch.arange(k_len, device=device)[None, :]             # (1, Lk)
     # j <= i + Lk - Lq
@@ -103,10 +110,8 @@ def padding_mask(lengths, max_len: int, *,
         device: where to build the mask (match it to the scores).
     """
     check_int("max_len", max_len, minimum=1)
-    lengths = check_lengths(lengths, minimum=0)
-    if max(lengths) > max_len:
-        raise ValueError(f"lengths must be <= max_len = {max_len}, got "
-                         f"{max(lengths)}")
+    lengths = check_lengths(lengths, minimum=0, maximum=max_len)
+    check_alloc("len(lengths) * max_len", len(lengths) * max_len)
     lens = torch.tensor(lengths, device=device)[:, None, None]  # (B, 1, 1)
     pos = torch.arange(max_len, device=device)[None, None, :]   # (1, 1, Lk)
     return pos < lens                                           # (B, 1, Lk)
@@ -131,15 +136,6 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
 
 
 # ------------------------------------------ masks as the softmax sees them
-def _check_tensor(name: str, value, *, bool_only: bool = False) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got "
-                         f"{type(value).__name__}")
-    if bool_only and value.dtype != torch.bool:
-        raise ValueError(f"{name} must be a bool tensor (True = may attend), "
-                         f"got dtype {value.dtype}")
-
-
 def additive_mask(mask: torch.Tensor, *,
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     r"""The additive form $M$ of a boolean mask: 0 where allowed, $-\infty$.
@@ -159,9 +155,8 @@ def additive_mask(mask: torch.Tensor, *,
     Returns:
         A tensor of the shape of ``mask`` holding ``0.0`` and ``-inf``.
     """
-    _check_tensor("mask", mask, bool_only=True)
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    check_bool_mask("mask", mask)
+    check_float_dtype("dtype", dtype)
     # M_ij = 0 if allowed else -inf
     out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return out.masked_fill(~mask, float("-inf"))

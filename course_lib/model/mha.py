@@ -46,33 +46,35 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .._util.validation import check_int
+from .._util.validation import (
+    check_bool,
+    check_bool_mask,
+    check_broadcasts,
+    check_divides,
+    check_equal,
+    check_int,
+    check_shape,
+    check_type,
+)
 from .attention import fused_attention, scaled_dot_product_attention
 from .rope import RotaryEmbedding
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
-from .._util.validation import broadcasts_to, check_bool_mask, check_type
 
 __all__ = ["mha_param_count", "MultiHeadAttention", "split_heads",
            "merge_heads", "repeat_kv", "mask_to_4d", "query_positions"]
 
 
-def _check_heads(d_model, n_heads, n_kv_heads) -> int:
+def _check_heads(d_model, n_heads, n_kv_heads, bias) -> int:
     """Validate the sizes; return n_kv_heads with None resolved to n_heads."""
     check_int("d_model", d_model, minimum=1)
     check_int("n_heads", n_heads, minimum=1)
-    if d_model % n_heads:
-        raise ValueError(
-            f"d_model must be divisible by n_heads, got d_model={d_model}, "
-            f"n_heads={n_heads}")
-    if n_kv_heads is None:
-        return n_heads
+    check_divides("d_model", d_model, "n_heads", n_heads)
+    check_bool("bias", bias)
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     check_int("n_kv_heads", n_kv_heads, minimum=1)
-    if n_heads % n_kv_heads:
-        raise ValueError(
-            f"n_heads must be divisible by n_kv_heads, got n_heads={n_heads}, "
-            f"n_kv_heads={n_kv_heads}")
+    check_divides("n_heads", n_heads, "n_kv_heads", n_kv_heads)
     return n_kv_heads
 
 
@@ -94,7 +96,7 @@ def mha_param_count(*, d_model: int, n_heads: int,
     Returns:
         The number of scalars.
     """
-    g = _check_heads(d_model, n_heads, n_kv_heads)
+    g = _check_heads(d_model, n_heads, n_kv_heads, bias)
     kv_width = g * (d_model // n_heads)
     n = 2 * d_model * d_model + 2 * d_model * kv_width
     if bias:
@@ -133,14 +135,12 @@ class MultiHeadAttention(nn.Module):
                  rope: RotaryEmbedding | None = None,
                  fused: bool = False) -> None:
         super().__init__()
-        self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads)
-        if not isinstance(fused, bool):
-            raise ValueError(f"fused must be a bool, got {fused!r}")
+        self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads, bias)
+        check_bool("fused", fused)
+        if rope is not None:
+            check_type("rope", rope, RotaryEmbedding, "a RotaryEmbedding")
+            check_equal("rope.head_dim", rope.head_dim, d_model // n_heads)
         self.fused = fused
-        if rope is not None and (not isinstance(rope, RotaryEmbedding)
-                                 or rope.head_dim != d_model // n_heads):
-            raise ValueError(f"rope must be None or a RotaryEmbedding with "
-                             f"head_dim={d_model // n_heads}, got {rope!r}")
         self.rope = rope                             # the position hook
         self.d_model, self.n_heads = d_model, n_heads
         self.head_dim = d_model // n_heads           # d_k = d_v
@@ -159,19 +159,13 @@ class MultiHeadAttention(nn.Module):
     # ------------------------------------------------------------ checks
     def _inputs(self, x, context):
         """Validate x and context; return context (x for self-attention)."""
-        for name, t, batch in (("x", x, "B"), ("context", context, None)):
-            if name == "context" and t is None:
-                return x
-            ok = isinstance(t, torch.Tensor) and t.dim() == 3 \
-                and t.shape[-1] == self.d_model
-            if name == "context":
-                ok = ok and t.shape[0] == x.shape[0]
-                batch = f"B={x.shape[0]}"
-            if not ok:
-                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else t
-                raise ValueError(f"{name} must have shape ({batch}, "
-                                 f"{'T' if name == 'x' else 'S'}, d_model="
-                                 f"{self.d_model}), got {shape}")
+        D = self.d_model
+        check_shape("x", x, (None, None, D), f"(B, T, d_model={D})")
+        if context is None:
+            return x
+        B = x.shape[0]
+        check_shape("context", context, (B, None, D),
+                    f"(B={B}, S, d_model={D})")
         return context
 
     def _mask4d(self, mask, B: int, T: int, S: int):
@@ -335,10 +329,6 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     Returns:
         ``(B, H, T, d_k)``.
     """
-    check_int("n_heads", n_heads, minimum=1)
-    if x.dim() != 3 or x.shape[-1] % n_heads:
-        raise ValueError(f"x must have shape (B, T, n_heads * d_k) with "
-                         f"n_heads={n_heads}, got {tuple(x.shape)}")
     B, T, width = x.shape
     # Not x.view(B, H, T, d_k): that would mix tokens into heads.
     x = x.view(B, T, n_heads, width // n_heads)      # (B, T, H, d_k)
@@ -355,10 +345,6 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     Returns:
         ``(B, T, H * d_k)``, head $i$ in features $i d_k$ to $(i+1)d_k - 1$.
     """
-    check_type("x", x, torch.Tensor, "a torch.Tensor")
-    if x.dim() != 4:
-        raise ValueError(f"x must have shape (B, H, T, d_k), got "
-                         f"{tuple(x.shape)}")
     B, H, T, d_k = x.shape
     # transpose makes x non-contiguous, so reshape (which copies) not view
     return x.transpose(1, 2).reshape(B, T, H * d_k)  # (B, T, H*d_k)
@@ -376,10 +362,6 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     Returns:
         ``(B, G * n_rep, S, d_k)``; ``x`` itself when ``n_rep == 1``.
     """
-    check_int("n_rep", n_rep, minimum=1)
-    if x.dim() != 4:
-        raise ValueError(
-            f"x must have shape (B, G, S, d_k), got {tuple(x.shape)}")
     if n_rep == 1:
         return x
     B, G, S, d_k = x.shape
@@ -399,13 +381,10 @@ def mask_to_4d(mask, B: int, H: int, T: int, S: int):
     if mask is None:
         return None
     check_bool_mask("mask", mask)
-    target, shape = (B, H, T, S), tuple(mask.shape)
     m4 = mask[:, None] if mask.dim() == 3 else mask      # (B, 1, T|1, S)
-    if not (m4.dim() in (2, 4) and broadcasts_to(m4.shape, target)):
-        raise ValueError(
-            f"mask of shape {shape} does not broadcast to (B, H, T, S) "
-            f"= {target}; expected (T, S), (B, 1, S), (B, T, S) or "
-            f"(B, H, T, S)")
+    check_broadcasts("mask", m4.shape if m4.dim() in (2, 4) else (0,) * 5,
+                     (B, H, T, S), "(T, S), (B, 1, S), (B, T, S) or "
+                     "(B, H, T, S)", given=mask.shape)
     return m4
 
 
@@ -418,11 +397,7 @@ def query_positions(positions, T: int, cache, device) -> torch.Tensor:
     if positions is None:
         past = len(cache) if cache is not None else 0
         return torch.arange(past, past + T, device=device)   # (T,)
-    if not isinstance(positions, torch.Tensor) or \
-            tuple(positions.shape) != (T,):
-        got = getattr(positions, "shape", positions)
-        raise ValueError(f"positions must be a tensor of shape (T,) = "
-                         f"({T},), got {got}")
+    check_shape("positions", positions, (T,), f"(T,) = ({T},)")
     if cache is not None:
         cache.check_next(positions)        # rotations must match the keys
     return positions

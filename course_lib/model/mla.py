@@ -16,7 +16,13 @@ from dataclasses import dataclass, fields
 import torch
 from torch import nn
 
-from .._util.validation import check_attrs, check_int, check_real
+from .._util.validation import (
+    check_alloc,
+    check_attrs,
+    check_bool,
+    check_int,
+    check_real,
+)
 from .attention import scaled_dot_product_attention
 from .block import RMSNorm
 from .kv_cache import LayerKVCache
@@ -70,8 +76,7 @@ class MLAConfig:
             if f.name in ("rope_theta", "rms_norm_eps"):
                 check_real(f.name, v, positive=True)
             elif f.name in ("attention_bias", "rope_interleave"):
-                if not isinstance(v, bool):
-                    raise ValueError(f"{f.name} must be a bool, got {v!r}")
+                check_bool(f.name, v)
             else:
                 check_int(f.name, v, minimum=1)
         if self.qk_rope_head_dim % 2:
@@ -113,6 +118,7 @@ def deepseek_yarn(*, mscale: float) -> dict:
     """The ``rope_scaling`` of DeepSeek's config.json files (V2 and
     V2-Lite: ``mscale`` 0.707; V3: 1.0): 4K pretraining extended 40-fold.
     """
+    check_real("mscale", mscale, positive=True)
     return {"type": "yarn", "factor": 40,
             "original_max_position_embeddings": 4096,
             "beta_fast": 32, "beta_slow": 1,
@@ -180,8 +186,10 @@ class MultiHeadLatentAttention(nn.Module):
     def __init__(self, config: MLAConfig, *, absorb: bool = False) -> None:
         super().__init__()
         if not isinstance(config, MLAConfig):
-            raise ValueError(f"config must be an MLAConfig, got "
-                             f"{type(config).__name__}")
+            raise TypeError(f"config must be an MLAConfig, got "
+                            f"{type(config).__name__}")
+        check_bool("absorb", absorb)
+        check_alloc("the parameters of config", mla_param_count(config))
         c = self.config = config
         self.absorb = bool(absorb)
         D, H, bias = c.hidden_size, c.num_attention_heads, c.attention_bias
@@ -259,8 +267,12 @@ class MultiHeadLatentAttention(nn.Module):
             raise ValueError(f"x must have shape (B, T, hidden_size="
                              f"{c.hidden_size}), got {got!r:.60}")
         if cache is not None and not isinstance(cache, LayerKVCache):
-            raise ValueError(f"cache must be a LayerKVCache, got "
-                             f"{type(cache).__name__}")
+            raise TypeError(f"cache must be a LayerKVCache, got "
+                            f"{type(cache).__name__}")
+        if absorb is not None and not isinstance(absorb, bool):
+            # the string 'False' would be truthy and pick the other path
+            raise TypeError(f"absorb must be None or a bool, got "
+                            f"{type(absorb).__name__} {absorb!r:.40}")
         B, T, _ = x.shape
         positions = query_positions(positions, T, cache, x.device)  # (T,)
         absorb = self.absorb if absorb is None else absorb

@@ -16,10 +16,20 @@ memory holds all $E$.
 
 Dispatch: the $N k$ token-slots are sorted by expert, each expert runs
 once on its own tokens, and the weighted results are copied back to
-their slots and summed per token. :meth:`MoE.forward_loop` is the same
-computation token by token, the readable reference. With a *capacity factor* each expert
+their slots and summed per token (:meth:`MoE.forward_with_info`).
+:meth:`MoE.forward_loop` is the same computation token by token, the
+readable reference. With a *capacity factor* each expert
 takes at most $C = \lceil c\,N k / E \rceil$ slots; later slots (in
 token order) are dropped and contribute nothing.
+
+Calling the layer returns its output only, like every FFN, so a block
+need not know which FFN it holds. What the router did (:class:`MoEInfo`:
+the choices, the load, the auxiliary loss) is kept on the layer as
+``last_info``, and :func:`moe_infos` collects it from every MoE layer of
+a model. Hugging Face's Mixtral (transformers 5) does the same: its
+sparse block returns the hidden states only, and the router logits of
+each layer are recorded from the router module when the model is asked
+for them (``output_router_logits=True``).
 
 Names follow the released checkpoints (``mlp.gate.weight``,
 ``mlp.experts.{i}.gate_proj.weight``, ``mlp.shared_experts.up_proj.weight``,
@@ -38,19 +48,27 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._util.validation import check_int, check_real, check_top_k, config_field
+from .._util.validation import (
+    MAX_ELEMENTS,
+    check_alloc,
+    check_int,
+    check_real,
+    check_top_k,
+    check_type,
+    config_field,
+)
 from .block import SwiGLU
 from .load_balancing import expert_load, load_balancing_loss
 from .routing import DeepSeekV3Router, Routing, TopKRouter
 
 __all__ = ["MoEInfo", "expert_capacity", "expected_fraction_touched", "MoE",
-           "moe_from_config"]
+           "moe_infos", "moe_from_config"]
 
 
 @dataclass
 class MoEInfo:
-    """What one MoE layer did on a batch (the second output of
-    :meth:`MoE.forward`).
+    """What one MoE layer did on a batch: :attr:`MoE.last_info` after a
+    call, the second output of :meth:`MoE.forward_with_info`.
 
     Attributes:
         routing: the router's :class:`~course_lib.model.routing.Routing`.
@@ -109,7 +127,10 @@ def expected_fraction_touched(n_tokens: int, n_experts: int,
 
 
 class MoE(nn.Module):
-    r"""Mixture-of-experts FFN: ``(x (B, T, D)) -> (out (B, T, D), info)``.
+    r"""Mixture-of-experts FFN: ``x (B, T, D) -> out (B, T, D)``.
+
+    Calling the layer returns the output; :meth:`forward_with_info`
+    returns ``(out, info)``.
 
     Args:
         d_model: $D$.
@@ -124,7 +145,16 @@ class MoE(nn.Module):
             with the same ``n_experts`` and ``top_k``.
         capacity_factor: None (no limit) or $c > 0$, see
             :func:`expert_capacity`.
+
+    Attributes:
+        last_info: the :class:`MoEInfo` of the last forward call: the
+            routing, load, auxiliary loss (with its gradient) and drops;
+            ``None`` before the first. :func:`moe_infos` collects it from
+            every MoE layer of a model. A copy of the layer
+            (``copy.deepcopy``, pickling) starts with ``None``.
     """
+
+    last_info: MoEInfo | None
 
     def __init__(self, d_model: int, *, n_experts: int, top_k: int,
                  d_expert: int, n_shared_experts: int = 0,
@@ -132,8 +162,13 @@ class MoE(nn.Module):
                  capacity_factor: float | None = None) -> None:
         super().__init__()
         check_int("d_model", d_model, minimum=1)
+        check_int("n_experts", n_experts, minimum=1)
         check_int("d_expert", d_expert, minimum=1)
         check_int("n_shared_experts", n_shared_experts, minimum=0)
+        # every expert is built at once: 3 D F weights each, plus the router
+        check_alloc("(n_experts + n_shared_experts) * 3 * d_model * d_expert",
+                    (n_experts + n_shared_experts) * 3 * d_model * d_expert
+                    + n_experts * d_model)
         if gate is None:
             gate = TopKRouter(d_model, n_experts, top_k)
         if not isinstance(gate, (TopKRouter, DeepSeekV3Router)) or \
@@ -153,6 +188,12 @@ class MoE(nn.Module):
             SwiGLU(d_model, d_expert) for _ in range(n_experts))  # FFN^(r)
         self.shared_experts = (SwiGLU(d_model, n_shared_experts * d_expert)
                                if n_shared_experts else None)  # FFN^(s)
+        self.last_info = None
+
+    def __getstate__(self) -> dict:
+        # last_info holds tensors of the last graph, which deepcopy
+        # refuses (non-leaf tensors) and a copy has not run
+        return {**super().__getstate__(), "last_info": None}
 
     def extra_repr(self) -> str:
         return f"capacity_factor={self.capacity_factor}"
@@ -181,10 +222,22 @@ class MoE(nn.Module):
                        load_balancing_loss(r.probs, r.indices,
                                            self.n_experts), dropped, cap)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEInfo]:
-        """x (B, T, D) or (N, D) -> (out of the same shape, :class:`MoEInfo`).
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D) or (N, D) -> out of the same shape.
 
-        The residual is not added here (the block adds it)."""
+        The residual is not added here (the block adds it). The
+        :class:`MoEInfo` of the call is kept as :attr:`last_info`."""
+        out, self.last_info = self.forward_with_info(x)
+        return out
+
+    def forward_with_info(self, x: torch.Tensor
+                          ) -> tuple[torch.Tensor, MoEInfo]:
+        """:meth:`forward`, and the :class:`MoEInfo` of the call.
+
+        Returns:
+            ``(out, info)``: out of the shape of x, (B, T, D) or (N, D).
+            :attr:`last_info` is left as it was.
+        """
         u, r, cap = self._route(x)
         N, k = r.indices.shape
         # 1) flatten the N k token-slots; slot s = t k + j is token t's
@@ -223,9 +276,14 @@ class MoE(nn.Module):
         return out.reshape(x.shape), self._info(r, dropped, cap)
 
     def forward_loop(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEInfo]:
-        """Reference: the same output token by token and choice by choice
-        (slow). Returns what :meth:`forward` returns; its drop count is
-        counted here, slot by slot."""
+        """Reference form of :meth:`forward_with_info`: the same output
+        token by token and choice by choice (slow).
+
+        Returns:
+            ``(out, info)`` as :meth:`forward_with_info`; the drop count
+            is counted here, slot by slot. :attr:`last_info` is left as
+            it was.
+        """
         u, r, cap = self._route(x)
         used = [0] * self.n_experts          # slots each expert has taken
         dropped, rows = 0, []
@@ -244,6 +302,32 @@ class MoE(nn.Module):
         return torch.stack(rows).reshape(x.shape), self._info(r, dropped, cap)
 
 
+def moe_infos(model: nn.Module) -> list[MoEInfo]:
+    """The :attr:`MoE.last_info` of every MoE layer in ``model``, in
+    ``model.modules()`` order: what each layer's router did in its last
+    forward call.
+
+    A layer counts if it is an :class:`MoE` or records a ``last_info``
+    the same way (the expert-parallel layer of
+    :mod:`course_lib.distributed.expert_parallel`); a model without one
+    gives ``[]``. Typical use, the auxiliary loss of every layer::
+
+        logits = model(x)
+        aux = sum(i.aux_loss for i in moe_infos(model))
+
+    Raises:
+        ValueError naming the layers that have not run a forward yet.
+    """
+    check_type("model", model, nn.Module, "a torch.nn.Module")
+    layers = [(name, m) for name, m in model.named_modules()
+              if isinstance(m, MoE) or "last_info" in vars(m)]
+    idle = [name or "model" for name, m in layers if m.last_info is None]
+    if idle:
+        raise ValueError(f"the MoE layers {', '.join(idle)!s:.200} have "
+                         f"not run a forward yet: call model(x) first")
+    return [m.last_info for _, m in layers]
+
+
 def moe_from_config(config, *, capacity_factor: float | None = None) -> MoE:
     r"""An :class:`MoE` layer from a config with Hugging Face field names.
 
@@ -259,6 +343,22 @@ def moe_from_config(config, *, capacity_factor: float | None = None) -> MoE:
     E = config_field(config, "n_routed_experts", "num_local_experts")
     k = config_field(config, "num_experts_per_tok")
     F = config_field(config, "moe_intermediate_size", "intermediate_size")
+    n_shared = getattr(config, "n_shared_experts", 0) or 0
+    for name, value, low in (("hidden_size", D, 1), ("n_routed_experts", E, 1),
+                             ("moe_intermediate_size", F, 1),
+                             ("n_shared_experts", n_shared, 0)):
+        check_int(f"config.{name}", value, minimum=low)
+    # A released model's layer (DeepSeek-V3: 11 billion parameters) would
+    # be built expert by expert until the memory runs out.
+    n_params = (E + n_shared) * 3 * D * F + E * D
+    if n_params > MAX_ELEMENTS:
+        raise ValueError(
+            f"config describes an MoE layer of {n_params:,} parameters "
+            f"({4 * n_params / 2**30:,.1f} GiB in float32), more than the "
+            f"{MAX_ELEMENTS:,} one layer may allocate; build a smaller "
+            f"config (fewer n_routed_experts, a smaller hidden_size or "
+            f"moe_intermediate_size), e.g. dataclasses.replace(config, "
+            f"hidden_size=256, moe_intermediate_size=64)")
     if getattr(config, "n_group", None) is not None:
         gate = DeepSeekV3Router(
             D, E, k, n_group=config.n_group,
@@ -269,5 +369,5 @@ def moe_from_config(config, *, capacity_factor: float | None = None) -> MoE:
     else:
         gate = TopKRouter(D, E, k)
     return MoE(D, n_experts=E, top_k=k, d_expert=F,
-               n_shared_experts=getattr(config, "n_shared_experts", 0) or 0,
-               gate=gate, capacity_factor=capacity_factor)
+               n_shared_experts=n_shared, gate=gate,
+               capacity_factor=capacity_factor)

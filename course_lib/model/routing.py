@@ -32,7 +32,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._util.validation import check_int, check_real, check_top_k
+from .._util.validation import (
+    check_alloc,
+    check_bool,
+    check_int,
+    check_real,
+    check_top_k,
+)
 from .load_balancing import update_bias
 
 __all__ = ["Routing", "select_top_k", "TopKRouter", "group_limited_mask",
@@ -69,6 +75,7 @@ def _check_router_args(d_model, n_experts, top_k) -> None:
     check_int("d_model", d_model, minimum=1)
     check_int("n_experts", n_experts, minimum=1)
     check_top_k(top_k, n_experts)
+    check_alloc("n_experts * d_model", n_experts * d_model)   # weight (E, D)
 
 
 def _check_x(x, d_model: int) -> None:
@@ -102,6 +109,12 @@ def select_top_k(probs: torch.Tensor, k: int, *, normalize: bool = True
     check_int("k", k, minimum=1)
     if k > probs.shape[-1]:
         raise ValueError(f"k must be <= E={probs.shape[-1]}, got {k}")
+    check_bool("normalize", normalize)
+    if probs.numel() and not bool(probs.min() >= 0):
+        # topk ranks NaN above every number, and a negative score makes
+        # the gates' sum meaningless; min is NaN if any entry is
+        raise ValueError(f"probs must be non-negative scores without NaN, "
+                         f"got a minimum of {probs.min().item()}")
     weights, indices = probs.topk(k, dim=-1)                 # (..., k)
     if normalize:
         # g_i = p_i / sum_{j in TopK} p_j (1/k if that sum is 0)
@@ -126,6 +139,7 @@ class TopKRouter(nn.Module):
                  normalize: bool = True) -> None:
         super().__init__()
         _check_router_args(d_model, n_experts, top_k)
+        check_bool("normalize", normalize)
         self.d_model, self.n_experts, self.top_k = d_model, n_experts, top_k
         self.normalize = normalize
         self.weight = nn.Parameter(torch.randn(n_experts, d_model) * 0.02)
@@ -175,6 +189,10 @@ def group_limited_mask(scores: torch.Tensor, *, n_group: int,
     if topk_group > n_group:
         raise ValueError(f"topk_group must be <= n_group={n_group}, got "
                          f"{topk_group}")
+    if bool(scores.isnan().any()):
+        # topk would rank a NaN group above every other (-inf, a masked
+        # expert, is a valid score)
+        raise ValueError("scores must not hold NaN")
     grouped = scores.view(N, n_group, E // n_group)          # (N, n_group, E/n_group)
     # group score = sum of the group's top-2 scores (top-1 if size 1)
     top2 = grouped.topk(min(2, E // n_group), dim=-1).values
@@ -217,6 +235,7 @@ class DeepSeekV3Router(nn.Module):
         check_int("topk_group", topk_group, minimum=1)
         check_real("routed_scaling_factor", routed_scaling_factor,
                    positive=True)
+        check_bool("norm_topk_prob", norm_topk_prob)
         if n_experts % n_group or topk_group > n_group:
             raise ValueError(f"n_group must divide n_experts={n_experts} "
                              f"and topk_group <= n_group, got n_group="

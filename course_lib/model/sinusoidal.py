@@ -15,7 +15,13 @@ import math
 
 import torch
 
-from .._util.validation import check_even, check_int, check_real
+from .._util.validation import (
+    check_alloc,
+    check_even,
+    check_int,
+    check_real,
+    check_type,
+)
 
 __all__ = ["frequencies", "wavelengths", "sinusoidal_encoding"]
 
@@ -73,6 +79,12 @@ def sinusoidal_encoding(length: int, d_model: int, base: float = 10000.0,
         tensor of shape (L, D).
     """
     check_int("length", length, minimum=1)
+    check_even("d_model", d_model)
+    # An integer dtype would round every sin and cos to 0 or 1.
+    check_type("dtype", dtype, torch.dtype, "a torch.dtype")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    check_alloc("length * d_model", length * d_model)
     w = frequencies(d_model, base)                             # (P,)
     pos = torch.arange(length, dtype=torch.float64)            # (L,)
     # Angles in float64: p * w_i reaches thousands of radians, where

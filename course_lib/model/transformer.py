@@ -37,6 +37,8 @@ from torch import nn
 
 from .._util.threads import small_ops
 from .._util.validation import (
+    check_alloc,
+    check_bool,
     check_dropout,
     check_int,
     check_token_ids,
@@ -73,6 +75,8 @@ class TransformerConfig:
                      "n_heads", "d_ff", "n_layers", "max_len"):
             check_int(name, getattr(self, name), minimum=1)
         check_dropout("dropout", self.dropout)
+        check_bool("tie_embeddings", self.tie_embeddings)
+        check_bool("share_src_tgt_embeddings", self.share_src_tgt_embeddings)
 
 
 class Transformer(nn.Module):
@@ -86,6 +90,12 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         check_type("config", config, TransformerConfig, "a TransformerConfig")
+        # Sizes are checked before any layer is built: n_layers=10**6
+        # would take minutes and max_len=10**9 gigabytes.
+        check_alloc("config.max_len * config.d_model (the position table)",
+                    config.max_len * config.d_model)
+        check_alloc("config's parameters (n_layers, d_model, d_ff and the "
+                    "vocabulary sizes)", transformer_param_count(config))
         c = self.config = config
         if c.share_src_tgt_embeddings and c.src_vocab_size != c.tgt_vocab_size:
             raise ValueError(
@@ -272,6 +282,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *,
                  dropout: float = 0.1, eps: float = 1e-5) -> None:
         super().__init__()
+        check_dropout("dropout", dropout)
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
         self.norm1 = make_norm("layer", d_model, eps=eps)
@@ -303,6 +314,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int, *,
                  dropout: float = 0.1, eps: float = 1e-5) -> None:
         super().__init__()
+        check_dropout("dropout", dropout)
         self.self_attn = MultiHeadAttention(d_model, n_heads)
         self.cross_attn = MultiHeadAttention(d_model, n_heads)
         self.ffn = FeedForward(d_model, d_ff, dropout=dropout)
@@ -338,6 +350,10 @@ class DecoderLayer(nn.Module):
         """:meth:`forward`, and the cross-attention weights ``(B, H, T,
         S)``: row $t$ of head $i$ says which source positions target
         position $t$ read."""
+        # memory=None would make the cross-attention attend over the
+        # decoder's own states; a decoder-only block is DecoderBlock.
+        check_type("memory", memory, torch.Tensor,
+                   "the encoder output, a tensor (B, S, D)")
         # 1) A = LN(X + Drop(MaskedMHA(X, X, X)))
         x = self.norm1(x + self.dropout1(self.self_attn(x, mask=tgt_mask)))
         # 2) C = LN(A + Drop(MHA(A, H_E, H_E))): Q from the decoder,

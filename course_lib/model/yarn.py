@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from .._util.validation import check_int, check_real
+from .._util.validation import check_bool, check_int, check_real, check_type
 
 __all__ = ["YARN_KEYS", "check_rope_scaling", "yarn_correction_range",
            "yarn_frequencies", "yarn_mscale", "yarn_scales", "yarn_rope"]
@@ -160,17 +160,29 @@ def yarn_rope(x: torch.Tensor, positions: torch.Tensor,
         x: floating tensor (..., T, d); positions: (T,) or broadcastable
             to ``x.shape[:-1]``; omega: (d/2,) frequencies.
         interleaved: pairs $(2i, 2i+1)$ (DeepSeek), else $(i, i + d/2)$.
+        rope_factor: the magnitude of cos and sin, $m(s, a) / m(s,
+            a_\text{all})$ of :func:`yarn_scales`; finite and $> 0$. It
+            is not the extension factor $s$ (which must be $\ge 1$,
+            see :func:`check_rope_scaling`): with ``mscale`` below
+            ``mscale_all_dim`` it is below 1, so only its sign and
+            finiteness are checked (0 would zero the rotated features, a
+            negative value flip them).
     Returns:
         tensor of the shape and dtype of ``x``.
     """
     if not isinstance(omega, torch.Tensor) or omega.dim() != 1:
         raise ValueError(f"omega must be a 1-D tensor of frequencies, got "
                          f"{getattr(omega, 'shape', type(omega).__name__)}")
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() \
-            or x.dim() < 2 or x.shape[-1] != 2 * omega.shape[0]:
-        raise ValueError(f"x must be a floating tensor (..., T, d) with "
-                         f"d = 2 * len(omega) = {2 * omega.shape[0]}, got "
-                         f"{getattr(x, 'shape', type(x).__name__)}")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating tensor (..., T, d), got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() < 2 or x.shape[-1] != 2 * omega.shape[0]:
+        raise ValueError(f"x must have shape (..., T, d) with d = 2 * "
+                         f"len(omega) = {2 * omega.shape[0]}, got "
+                         f"{tuple(x.shape)}")
+    check_type("positions", positions, torch.Tensor, "a torch.Tensor")
+    check_bool("interleaved", interleaved)
+    check_real("rope_factor", rope_factor, positive=True)
     d = x.shape[-1]
     # Angles m * w'_i in float64 (positions reach 1e5: float32 would lose
     # the third decimal of the angle), then cast.

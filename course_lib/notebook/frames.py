@@ -16,7 +16,7 @@ import io
 import warnings
 from typing import Any, Callable, Mapping
 
-from .._util.validation import check_real
+from .._util.validation import check_bool, check_real
 
 __all__ = ["BODY_PX", "PHONE_COLUMN_PX", "PHONE_MIN_PX", "FRAME_DENSITY",
            "frame_font_pt", "draw_frame", "smallest_text_pt", "clipped_texts",
@@ -194,6 +194,8 @@ def figure_to_png(fig: Any, *, dpi: float = 72, tight: bool = True,
         raise TypeError(f"fig must be a matplotlib Figure, got "
                         f"{type(fig).__name__}")
     check_real("dpi", dpi, positive=True)
+    check_bool("tight", tight)
+    check_bool("palette", palette)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi,
                 bbox_inches="tight" if tight else None)

@@ -128,7 +128,12 @@ def compare_values(expected: Any, got: Any, *, rtol: float = 1e-5,
                           where=where, expected=bool(exp[where]),
                           got=bool(out[where]))
             return None
-        exp, out = exp.double(), out.double()
+        # .double() would drop an imaginary part (with only a warning)
+        if exp.is_complex() != out.is_complex():
+            return tr("expected dtype {expected}, got {got}",
+                      expected=exp.dtype, got=out.dtype)
+        exp, out = ((exp.to(torch.complex128), out.to(torch.complex128))
+                    if exp.is_complex() else (exp.double(), out.double()))
         if torch.isnan(out).any() and not torch.isnan(exp).any():
             where = tuple(torch.isnan(out).nonzero()[0].tolist())
             return tr("your result contains NaN (first at index {where})",

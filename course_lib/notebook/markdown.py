@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 import re
 
+from .._util.validation import check_bool
+
 __all__ = ["markdown_to_html"]
 
 _FENCE_RE = re.compile(r"```[a-zA-Z0-9_-]*\n(.*?)```", re.S)
@@ -34,7 +36,9 @@ def markdown_to_html(text: str, *, tex_delimiters: bool = False,
     wrapping it in ``<p>`` (for option labels and feedback messages).
     """
     if not isinstance(text, str):
-        raise ValueError(f"text must be a str, got {type(text).__name__}")
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    check_bool("tex_delimiters", tex_delimiters)
+    check_bool("inline", inline)
     if inline:
         return _inline(" ".join(text.split()), tex_delimiters)
     blocks: list[str] = []

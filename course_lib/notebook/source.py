@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from typing import Any, Callable
 
+from .._util.validation import check_bool
+
 __all__ = ["show_source", "source_lines"]
 
 
@@ -30,14 +32,16 @@ def show_source(fn: Callable[..., Any], *, checks: bool = False) -> None:
 
 def _is_check(node: ast.stmt) -> bool:
     """An argument check: ``check_x(...)``/``_check_x(...)``/``self._check
-    (...)`` as a statement, or an ``if`` whose body only raises."""
+    (...)`` as a statement, or an ``if`` whose body only raises or checks
+    (``if positions is not None: check_x(...)``)."""
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
         f = node.value.func
         name = f.id if isinstance(f, ast.Name) else \
             f.attr if isinstance(f, ast.Attribute) else ""
         return name.startswith(("check_", "_check"))
     return (isinstance(node, ast.If) and not node.orelse
-            and all(isinstance(b, ast.Raise) for b in node.body))
+            and all(isinstance(b, ast.Raise) or _is_check(b)
+                    for b in node.body))
 
 
 def source_lines(fn: Callable[..., Any], *, checks: bool = False) -> str:
@@ -45,6 +49,7 @@ def source_lines(fn: Callable[..., Any], *, checks: bool = False) -> str:
     """
     import inspect
     import textwrap
+    check_bool("checks", checks)
     src = textwrap.dedent(inspect.getsource(fn))  # methods start at col 0
     lines = src.splitlines()
     body = ast.parse(src).body[0].body
@@ -57,8 +62,13 @@ def source_lines(fn: Callable[..., Any], *, checks: bool = False) -> str:
     check_starts = set()
     if not checks:
         for node in filter(_is_check, body):
-            hidden[node.lineno] = node.end_lineno
-            check_starts.add(node.lineno)
+            start = node.lineno
+            # a comment right above a check explains the check: it goes too
+            while start > 1 and lines[start - 2].lstrip().startswith("#") \
+                    and start - 1 not in hidden:
+                start -= 1
+            hidden[start] = node.end_lineno
+            check_starts.add(start)
     out, skip_until = [], 0
     for i, line in enumerate(lines, start=1):
         if i <= skip_until:

@@ -32,6 +32,8 @@ import functools
 
 import regex  # like re, plus Unicode classes: \p{L} letter, \p{N} number
 
+from .._util.validation import check_bool, check_type
+
 __all__ = ["GPT2_PATTERN", "bytes_to_unicode", "pretokenize", "BPE"]
 
 # GPT-2's pre-tokenizer (the one in tokenizers' ByteLevel): contractions,
@@ -70,8 +72,8 @@ def pretokenize(text: str, *, split_digits: bool = True) -> list[str]:
     r"""Cut ``text`` into words: every digit alone (SmolLM2, with
     ``split_digits``), then :data:`GPT2_PATTERN` inside each piece.
     """
-    if not isinstance(text, str):
-        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    check_type("text", text, str, "a str")
+    check_bool("split_digits", split_digits)
     pieces, start = [], 0
     if split_digits:
         for m in DIGIT.finditer(text):          # "a12" -> "a", "1", "2"
@@ -95,9 +97,10 @@ class BPE:
     def __init__(self, tokens: list[str], merges: list[str], *,
                  special_tokens: list[str] = (),
                  split_digits: bool = True) -> None:
-        if not isinstance(tokens, list) or not tokens:
-            raise ValueError(f"tokens must be a non-empty list, got "
-                             f"{type(tokens).__name__}")
+        check_type("tokens", tokens, list, "a list")
+        if not tokens:
+            raise ValueError("tokens must be a non-empty list, got []")
+        check_bool("split_digits", split_digits)
         if not isinstance(merges, list) or \
                 not all(isinstance(m, str) for m in merges):
             raise TypeError("merges must be a list of 'a b' strings, got "
@@ -151,8 +154,7 @@ class BPE:
 
     def encode(self, text: str) -> list[int]:
         """``text`` -> ids: special tokens, else pre-tokenize and merge."""
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        check_type("text", text, str, "a str")
         ids, start = [], 0
         matches = self._special.finditer(text) if self._special else ()
         for m in list(matches) + [None]:

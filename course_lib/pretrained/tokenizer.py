@@ -118,8 +118,8 @@ class ByteLevelBPETokenizer:
     def encode(self, text: str) -> list[int]:
         """``text`` -> token ids (no BOS/EOS added)."""
         if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got "
-                             f"{type(text).__name__}")
+            raise TypeError(f"text must be a str, got "
+                            f"{type(text).__name__}")
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._util.validation import check_int, check_real
+from .._util.validation import check_bool, check_int, check_real
 from ..model.mla import deepseek_yarn
 from ..model.yarn import check_rope_scaling
 
@@ -144,9 +144,7 @@ class ModelConfig:
                              f"two-matrix MLP), got {self.hidden_act!r}")
         for name in ("tie_word_embeddings", "attention_bias", "mlp_bias",
                      "norm_topk_prob"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got "
-                                 f"{getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
         check_int("num_nextn_predict_layers", self.num_nextn_predict_layers,
                   minimum=0)
         check_real("routed_scaling_factor", self.routed_scaling_factor,
@@ -200,8 +198,8 @@ class ModelConfig:
 def check_model_config(config) -> ModelConfig:
     """``config`` must be a :class:`ModelConfig`; returns it."""
     if not isinstance(config, ModelConfig):
-        raise ValueError(f"config must be a ModelConfig, got "
-                         f"{type(config).__name__}")
+        raise TypeError(f"config must be a ModelConfig, got "
+                        f"{type(config).__name__}")
     return config
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from numbers import Real
 
-from .._util.validation import check_int
+from .._util.validation import check_bool, check_int
 from ..model.mla import mla_param_count
 from .configs import ModelConfig, check_model_config
 
@@ -153,6 +153,7 @@ def mtp_params(config: ModelConfig, *, with_copies: bool = True) -> int:
     stores copies of both ($2VD$): ``with_copies`` counts them.
     """
     c = check_model_config(config)
+    check_bool("with_copies", with_copies)
     D = c.hidden_size
     block = attention_params(c) + 2 * D
     block += sum(moe_layer_params(c).values()) if c.is_moe \
@@ -262,5 +263,6 @@ def weights_bytes(config: ModelConfig, *, bytes_per_param: float,
             bytes_per_param, Real) or not 0 < bytes_per_param < 1e3:
         raise ValueError(f"bytes_per_param must be a number > 0, got "
                          f"{bytes_per_param!r}")
+    check_bool("active", active)
     n = count_parameters(config)
     return (n.active if active else n.total) * bytes_per_param

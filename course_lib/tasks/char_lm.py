@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .._util.validation import check_int, check_real, check_type
+from .._util.validation import check_bool, check_int, check_real, check_type
 from ..model.decoder_lm import DecoderLM, DecoderLMConfig
-from ..training import History, read_state_file, train
+from ..training import History, read_state_file, save_state_file, train
 from .text_corpus import CharVocab, char_batches, load_pydoc_corpus
 
 __all__ = ["CHECKPOINT_PATH", "MODEL_CONFIG", "TRAIN_SETTINGS",
@@ -81,6 +81,7 @@ def train_char_lm(*, steps: int, batch_size: int, length: int, lr: float,
         check_int(name, value, minimum=0)
     check_real("lr", lr, positive=True)
     check_real("weight_decay", weight_decay)
+    check_bool("progress", progress)
     corpus = load_pydoc_corpus()
     vocab = CharVocab()
     train_ids = vocab.encode(corpus.train)
@@ -164,8 +165,8 @@ def save_char_lm(path, model: DecoderLM, info: dict) -> None:
     weights = {k: v.detach().to(torch.float16).clone()
                for k, v in model.state_dict().items()
                if k != "lm_head.weight" or not cfg.tie_embeddings}
-    torch.save({"config": config, "weights": weights, "info": info},
-               Path(path))
+    save_state_file(path, {"config": config, "weights": weights,
+                           "info": info})
 
 
 def _load_file(path) -> dict:

@@ -32,9 +32,16 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .._util.validation import check_int, check_type
+from .._util.validation import check_alloc, check_bool, check_int, check_type
 from ..model.decoder_lm import DecoderLM, DecoderLMConfig
-from ..training import IGNORE, History, next_token_loss, read_state_file, train
+from ..training import (
+    IGNORE,
+    History,
+    next_token_loss,
+    read_state_file,
+    save_state_file,
+    train,
+)
 
 __all__ = ["MarkovSource", "stationary_distribution", "entropy_rate",
            "random_markov_source", "sample_markov", "token_nll", "lm_batches",
@@ -50,12 +57,41 @@ class MarkovSource:
     ``probs[c, x]`` is $P[c, x] = p(x_t = x \mid c_t = c)$; the context
     $c = (x_{t-k}, \dots, x_{t-1})$ is numbered in base $V$ with the
     oldest symbol as the leading digit. ``symbols`` names the ids.
+    Every row of ``probs`` (float64, shape $(V^k, V)$) must be a
+    distribution: finite, $\ge 0$, summing to 1 within $10^{-6}$.
     """
 
     vocab_size: int
     order: int
     probs: torch.Tensor              # (C, V), float64, rows sum to 1
     symbols: str
+
+    def __post_init__(self) -> None:
+        check_int("vocab_size", self.vocab_size, minimum=2)
+        check_int("order", self.order, minimum=1)
+        check_type("probs", self.probs, torch.Tensor, "a torch.Tensor")
+        check_type("symbols", self.symbols, str, "a str")
+        V, P = self.vocab_size, self.probs
+        C = P.shape[0] if P.dim() == 2 else 0
+        # V ** order is only computed when it can equal C (order = 10**9
+        # would be a number of a billion digits)
+        if P.dim() != 2 or P.shape[1] != V or \
+                self.order > C.bit_length() or V ** self.order != C:
+            raise ValueError(f"probs must have shape (vocab_size ** order, "
+                             f"vocab_size) = ({V}^{self.order}, {V}), got "
+                             f"{tuple(P.shape)}")
+        if P.dtype != torch.float64:
+            raise TypeError(f"probs must be a float64 tensor, got "
+                            f"{P.dtype}")
+        # Every row is a distribution: otherwise the entropy rate and the
+        # losses come out as numbers that mean nothing (even negative).
+        if not bool(P.isfinite().all()) or bool((P < 0).any()) or \
+                not bool(((P.sum(-1) - 1).abs() <= 1e-6).all()):
+            raise ValueError("probs must hold finite probabilities >= 0 "
+                             "whose rows sum to 1")
+        if len(self.symbols) < V:
+            raise ValueError(f"symbols must name the {V} ids, got "
+                             f"{self.symbols!r:.40}")
 
     def context_ids(self, seqs: torch.Tensor) -> torch.Tensor:
         """``(B, T)`` symbols -> ``(B, T - k + 1)`` ids of every window."""
@@ -175,8 +211,11 @@ def sample_markov(source: MarkovSource, *, n_sequences: int, length: int,
     Returns:
         ``(B, T)`` long symbol ids, ``T = length >= order``.
     """
+    check_type("source", source, MarkovSource, "a MarkovSource")
     check_int("n_sequences", n_sequences, minimum=1)
     check_int("length", length, minimum=source.order)
+    # the ids and their uniform draws, (B, T) each
+    check_alloc("n_sequences * length", n_sequences * length)
     V, k = source.vocab_size, source.order
     C = V ** k
     pi = stationary_distribution(source)
@@ -215,6 +254,14 @@ def token_nll(source: MarkovSource, seqs: torch.Tensor) -> torch.Tensor:
     if seqs.dim() != 2 or seqs.shape[1] <= source.order:
         raise ValueError(f"seqs must have shape (B, T) with T > order="
                          f"{source.order}, got {tuple(seqs.shape)}")
+    if seqs.is_floating_point() or seqs.is_complex() or \
+            seqs.dtype == torch.bool:
+        raise TypeError(f"seqs must be an integer tensor of symbol ids, "
+                        f"got {seqs.dtype}")
+    # an id of -1 would index the last symbol, and one >= V another context
+    if seqs.numel() and (seqs.min() < 0 or seqs.max() >= source.vocab_size):
+        raise ValueError(f"seqs must hold ids in [0, {source.vocab_size}), "
+                         f"got [{seqs.min().item()}, {seqs.max().item()}]")
     ctx = source.context_ids(seqs[:, :-1])                   # (B, T-k)
     p = source.probs[ctx, seqs[:, source.order:]]            # (B, T-k)
     return -p.log()
@@ -232,8 +279,17 @@ def lm_batches(source: MarkovSource, *, batch_size: int, length: int,
     Yields:
         ``(inputs, targets)``, both ``(B, length)`` long.
     """
+    # checked at the call, not at the first batch (a generator's body only
+    # starts then)
+    check_type("source", source, MarkovSource, "a MarkovSource")
     check_int("batch_size", batch_size, minimum=1)
     check_int("length", length, minimum=source.order)
+    check_alloc("batch_size * (length + 1)", batch_size * (length + 1))
+    return _lm_batches(source, batch_size, length, seed)
+
+
+def _lm_batches(source: MarkovSource, batch_size: int, length: int,
+                seed: int):
     gen = torch.Generator().manual_seed(seed)
     while True:
         seqs = sample_markov(source, n_sequences=batch_size,
@@ -277,6 +333,7 @@ def train_synthetic_lm(*, seed: int = 0, steps: int = 300,
     (RoPE, RMSNorm, SwiGLU), 2 layers, $D = 64$, 4 heads, context 64.
     ``seed`` sets the initialisation, the dropout stream and the data.
     """
+    check_bool("progress", progress)
     source, val, val_floor = _synthetic_language(length)
     torch.manual_seed(seed)
     model = DecoderLM(DecoderLMConfig(
@@ -299,9 +356,9 @@ def save_synthetic_lm(run: LMRun, path=SYNTHETIC_LM_PATH) -> None:
     """Write a run of :func:`train_synthetic_lm` (float32 weights, config,
     history) for :func:`load_synthetic_lm` (``make checkpoints``)."""
     check_type("run", run, LMRun, "an LMRun from train_synthetic_lm")
-    torch.save({"config": asdict(run.model.config),
-                "weights": run.model.state_dict(),
-                "history": asdict(run.history)}, path)
+    save_state_file(path, {"config": asdict(run.model.config),
+                           "weights": run.model.state_dict(),
+                           "history": asdict(run.history)})
 
 
 def load_synthetic_lm(path=SYNTHETIC_LM_PATH) -> LMRun:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._util.validation import check_int, check_type
+from .._util.validation import check_alloc, check_int, check_type
 
 __all__ = ["PRINTABLE", "PLACEHOLDER", "normalize_text", "PydocCorpus",
            "load_pydoc_corpus", "CharVocab", "char_batches"]
@@ -188,6 +188,7 @@ def char_batches(ids: torch.Tensor, *, batch_size: int, length: int,
     if ids.numel() <= length:
         raise ValueError(f"ids must be longer than length={length}, got "
                          f"{ids.numel()} ids")
+    check_alloc("batch_size * (length + 1)", batch_size * (length + 1))
     return _windows(ids, batch_size, length, seed)
 
 

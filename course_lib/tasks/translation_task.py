@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._util.validation import check_batch, check_int, check_type
+from .._util.validation import check_batch, check_bool, check_int, check_type
 from ..model.transformer import Transformer, TransformerConfig, greedy_decode
 from ..training import IGNORE, History, train
 from .special_tokens import BOS, EOS, PAD, SPECIALS
@@ -246,6 +246,7 @@ def train_toy_translation(*, seed: int = 0, steps: int = 200,
     Model: :func:`translation_model`. The validation loss is measured on
     256 held-out sentences.
     """
+    check_bool("progress", progress)
     task = make_translation_task(held_out_fraction=0.2, seed=0)
     val = collate_translation(task, task.held_out[:256])
     model = translation_model(task, seed=seed)
