@@ -7,6 +7,17 @@ STAMP := $(VENV)/.installed
 NB ?= book/*.ipynb
 BUILD_FLAGS := -W --keep-going
 export PYTHONHASHSEED := 0
+# The stored notebook outputs are compared digit for digit (nbval), and
+# torch picks its kernels by CPU: an AVX-512 machine and an AVX2 one
+# round differently in the last bits, which a 200-step training run
+# turns into a different third decimal. So every make target runs torch's
+# own kernels (ATen), MKL's matrix products and oneDNN at the AVX2 level,
+# which every x86-64 machine of the last ten years has; MKL's STRICT mode
+# also makes its products independent of the thread count. Readers who
+# run a notebook outside make may see the last printed digit move.
+export ATEN_CPU_CAPABILITY ?= avx2
+export MKL_CBWR ?= AVX2,STRICT
+export ONEDNN_MAX_CPU_ISA ?= AVX2
 
 .PHONY: help venv vendor book test test-unit test-notebooks test-build \
         test-build-and-lane test-browser test-colab screenshots notebooks \
