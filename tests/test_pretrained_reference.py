@@ -49,7 +49,11 @@ def test_logits_equal_transformers(smollm2, hf_smollm2, prompt):
     with torch.no_grad():
         ours, theirs = model(ids), hf(ids).logits            # (1, T, V)
     assert ours.shape == theirs.shape == (1, ids.shape[1], 49152)
-    assert (ours - theirs).abs().max() < 1e-4
+    # float32 through 30 layers, in two orders of the same sums: the
+    # logits (up to about 40) agree to 1e-5 of their scale (seen: 5e-6)
+    scale = theirs.abs().max()
+    diff = (ours - theirs).abs().max()
+    assert diff < 1e-5 * scale, (diff, scale)
 
 
 def test_greedy_generation_equals_transformers(smollm2, hf_smollm2):
