@@ -207,7 +207,6 @@ def check_even(name: str, value) -> None:
             f"{name} must be even, got {value} (features come in pairs)")
 
 
-
 def check_choice(name: str, value, options) -> None:
     """``value`` must be one of ``options`` (e.g. the names of a norm)."""
     if value not in options:
@@ -232,6 +231,7 @@ def check_shape(name: str, t, shape: tuple, what: str) -> None:
             s is not None and s != n for s, n in zip(shape, t.shape)):
         raise ValueError(f"{name} must have shape {what}, got "
                          f"{tuple(t.shape)}")
+
 
 # The most values one call may ask torch to allocate: 2^28 float32 values
 # are 1 GiB. The course's largest model (GPT-2 small) has 124 million

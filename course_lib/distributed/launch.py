@@ -74,16 +74,25 @@ def _to_cpu(obj):
     return obj
 
 
+# A rank's own waits (joining the group, a collective) give up this much
+# later than the caller's time-out, so that a slow start-up on a busy
+# machine is reported by the caller as the group's time-out, and not as
+# a gloo error of whichever rank gave up first ("connection closed by
+# peer" when its partner stopped waiting).
+RANK_TIMEOUT_MARGIN = 60.0
+
+
 def _join_group(rank: int, world_size: int, port: int, timeout: float,
                threads: int) -> None:
     """In a spawned rank: set torch's threads and join the gloo process
-    group through the master's TCP store on ``port``."""
+    group through the master's TCP store on ``port``; the rank's own
+    waits end ``RANK_TIMEOUT_MARGIN`` s after the caller's ``timeout``."""
     torch.set_num_threads(threads)
-    store = dist.TCPStore(MASTER_ADDR, port, None, False,
-                          timeout=datetime.timedelta(seconds=timeout))
+    wait = datetime.timedelta(seconds=timeout + RANK_TIMEOUT_MARGIN)
+    store = dist.TCPStore(MASTER_ADDR, port, None, False, timeout=wait)
     dist.init_process_group(
         "gloo", store=store, rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout))
+        timeout=wait)
 
 
 def _worker_main(rank, world_size, port, timeout, threads, results,
