@@ -382,6 +382,8 @@ def mask_to_4d(mask, B: int, H: int, T: int, S: int):
         return None
     check_bool_mask("mask", mask)
     m4 = mask[:, None] if mask.dim() == 3 else mask      # (B, 1, T|1, S)
+    # Only 2-D and 4-D pass: a 1-D mask would broadcast but names no query
+    # axis, so any other rank is checked as a shape that cannot broadcast.
     check_broadcasts("mask", m4.shape if m4.dim() in (2, 4) else (0,) * 5,
                      (B, H, T, S), "(T, S), (B, 1, S), (B, T, S) or "
                      "(B, H, T, S)", given=mask.shape)
