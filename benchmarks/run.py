@@ -1,4 +1,9 @@
-"""Measure the course's performance budgets and write benchmarks/results.md.
+"""Measure the course's performance budgets and update benchmarks/results.md.
+
+Each table this script measures replaces the section of results.md with
+the same title (the heading up to its first parenthesis); a new table is
+added at the end, and every other section (``make test`` timings,
+accessibility, mutation testing ...) is kept as it is.
 
 Budgets (DESIGN.md): each chapter executes in <= 60 s on a 2-core CPU; the
 whole book builds from a fresh clone in <= 5 minutes. Chapter numbers that
@@ -131,6 +136,38 @@ def training_rows() -> list[str]:
             f"{r['translation_exact_match']:.4f} |"]
 
 
+def section_key(heading: str) -> str:
+    """'## Book build (2026-12-01)' -> 'Book build': a section's title
+    without its parenthesised details (dates, settings)."""
+    return heading.lstrip("#").split(" (")[0].strip()
+
+
+def merge_sections(text: str, lines: list[str]) -> str:
+    """``text`` (a markdown file of ``## `` sections) with each section of
+    ``lines`` replacing the one with the same :func:`section_key`, or
+    appended when the file has none."""
+    def split(rows):
+        head, sections = [], []
+        for row in rows:
+            if row.startswith("## "):
+                sections.append([row])
+            elif sections:
+                sections[-1].append(row)
+            else:
+                head.append(row)
+        return head, sections
+
+    head, old = split(text.rstrip("\n").split("\n"))
+    _, new = split(lines)
+    fresh = {section_key(s[0]): s for s in new}
+    merged = []
+    for sec in old:
+        merged.append(fresh.pop(section_key(sec[0]), sec))
+    merged += [s for s in new if section_key(s[0]) in fresh]
+    out = head + [row for sec in merged for row in sec]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--load-only", action="store_true",
@@ -143,20 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.load_only:
         return 0 if ok else 1
     table, _ = load_bench.rows(notebooks, runs)
+    today = dt.date.today().isoformat()
     lines = [
-        "# Benchmark results", "",
-        f"Measured {dt.date.today().isoformat()} on {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, "
-        f"torch {torch.__version__} (`make bench`).", "",
-        "## Chapter execution (fresh kernel)", "",
-        "Quiet: the machine as it is; busy: with one core kept busy by a "
-        "background process (`benchmarks/load_bench.py`, also written to "
-        "`benchmarks/load.md`). Load avg: the 1-minute load average at the "
-        "start of the run.", ""] + table
+        "", f"## Chapter execution (fresh kernel, {today})", "",
+        f"Measured on {platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"Python {platform.python_version()}, torch {torch.__version__} "
+        f"(`make bench`). Quiet: the machine as it is; busy: with one core "
+        "kept busy by a background process (`benchmarks/load_bench.py`, "
+        "also written to `benchmarks/load.md`). Load avg: the 1-minute load "
+        "average at the start of the run.", ""] + table
     build, weight_rows = cold_build()
     ok &= build <= BUILD_BUDGET_S
     print(f"cold build: {build:.1f} s", flush=True)
-    lines += ["", "## Book build", "",
+    lines += ["", f"## Book build ({today})", "",
               f"| build | seconds | budget {BUILD_BUDGET_S:.0f} s |",
               "|---|---:|:---:|",
               f"| cold `jupyter-book build` (empty output folder) | "
@@ -169,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                   all_to_all_bench):
         lines += bench.rows()
         print(f"{bench.__name__}: done", flush=True)
-    OUT.write_text("\n".join(lines) + "\n")
-    print(f"wrote {OUT}")
+    OUT.write_text(merge_sections(OUT.read_text(), lines))
+    print(f"updated {OUT}")
     return 0 if ok else 1
 
 
