@@ -1,7 +1,7 @@
 """Chapter 9 benchmark: decode tokens/s with and without the KV cache.
 
-``rows()`` returns markdown lines for benchmarks/results.md (the lead wires
-it into benchmarks/run.py). Run alone: ``python benchmarks/kv_cache_bench.py``.
+``rows()`` returns markdown lines for benchmarks/results.md (``make bench``,
+through benchmarks/run.py, writes them there). Run alone: ``python benchmarks/kv_cache_bench.py``.
 """
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import torch
 from course_lib.generation.decoding import decode_throughput
 from course_lib.sizing.kv_cache_size import kv_cache_bytes
 from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.model.block import num_parameters
+from course_lib.sizing.params import num_parameters
 
 PROMPT_LEN = 16
 LENGTHS = (128, 512, 1024)
 # Small enough that the uncached 1024-token run stays well under a minute
 # on a 2-core CPU, big enough that per-step compute, not Python overhead,
 # dominates the uncached runs.
-CONFIG = DecoderLMConfig(vocab_size=256, d_model=128, n_heads=4, n_layers=4,
-                         max_len=PROMPT_LEN + max(LENGTHS))
+CONFIG = DecoderLMConfig(vocab_size=256, hidden_size=128,
+                         num_attention_heads=4, num_hidden_layers=4,
+                         max_position_embeddings=PROMPT_LEN + max(LENGTHS))
 
 
 def rows() -> list[str]:
@@ -31,7 +32,8 @@ def rows() -> list[str]:
     out = ["", "## Chapter 9: decoding with vs without the KV cache (CPU, "
            "batch 1, greedy, one run)", "",
            f"DecoderLM with {num_parameters(model):,} parameters "
-           f"(d_model={c.d_model}, {c.n_layers} layers, {c.n_heads} heads, "
+           f"(d_model={c.hidden_size}, {c.num_hidden_layers} layers, "
+           f"{c.num_attention_heads} heads, "
            f"RoPE, SwiGLU, vocab {c.vocab_size}), prompt of {PROMPT_LEN} "
            f"tokens; fp32 cache of "
            f"{kv_cache_bytes(c, 1, bytes_per_value=4):,} bytes per token. "

@@ -1,7 +1,7 @@
 """Chapter 10 benchmark: MLA decode step, explicit vs absorbed path.
 
-``rows()`` returns markdown lines for benchmarks/results.md (the lead wires
-it into benchmarks/run.py). Run alone: ``python benchmarks/mla_bench.py``.
+``rows()`` returns markdown lines for benchmarks/results.md (``make bench``,
+through benchmarks/run.py, writes them there). Run alone: ``python benchmarks/mla_bench.py``.
 """
 from __future__ import annotations
 

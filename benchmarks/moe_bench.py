@@ -3,8 +3,8 @@
 Compares the forward time of an :class:`course_lib.model.moe.MoE` layer with a
 dense SwiGLU that has the same *total* parameters (hidden width E F) and
 one with the same *active* parameters (hidden width k F). ``rows()``
-returns markdown lines for benchmarks/results.md (the lead wires it into
-benchmarks/run.py). Run alone: ``python benchmarks/moe_bench.py``.
+returns markdown lines for benchmarks/results.md (``make bench``,
+through benchmarks/run.py, writes them there). Run alone: ``python benchmarks/moe_bench.py``.
 """
 from __future__ import annotations
 

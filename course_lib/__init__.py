@@ -25,15 +25,19 @@ ones it uses, and any of its own):
 B     batch
 T     tokens in this call: queries, the target, or the new tokens
 S     keys/values: the source in cross-attention, or cached + new
-D     model width ``d_model`` (``hidden_size`` in Hugging Face configs)
-H     query heads ``n_heads``
-G     key/value heads ``n_kv_heads`` (G = H: MHA, G = 1: MQA)
+D     model width ``d_model`` (``hidden_size`` in every config, the
+      Hugging Face name)
+H     query heads ``n_heads`` (configs: ``num_attention_heads``)
+G     key/value heads ``n_kv_heads`` (configs: ``num_key_value_heads``;
+      G = H: MHA, G = 1: MQA)
 d_k   width of one head, ``head_dim`` (``d_h`` in chapter 1: RNN state)
 V     vocabulary size
-F     hidden width of an FFN (``d_ff``, or one expert's ``d_expert``)
+F     hidden width of an FFN (``d_ff``, or one expert's ``d_expert``;
+      configs: ``intermediate_size``)
 E     routed experts; k experts per token
 N     tokens with batch and time flattened (routing, MoE); in prose $N$
-      is also the paper's number of layers, ``n_layers`` in code
+      is also the paper's number of layers, ``num_hidden_layers`` in
+      configs
 L     positions of a table, or a length in a complexity argument
 ...   any leading dimensions
 ====  ==============================================================

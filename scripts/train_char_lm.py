@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import time
 from pathlib import Path
@@ -51,7 +50,7 @@ def main() -> None:
 
     corpus = load_pydoc_corpus()
     val_ids = CharVocab().encode(corpus.val)
-    context = model.config.max_len
+    context = model.config.max_position_embeddings
     bpc32 = char_lm.bits_per_char(model, val_ids, context=context)
     info = dict(
         settings=settings, steps=settings["steps"],
@@ -87,9 +86,9 @@ def write_results(info: dict) -> None:
         f"{SECTION}\n\n"
         f"`scripts/train_char_lm.py`, seed {s['seed']}, one torch thread, "
         f"Python {info['python_version']}, torch {info['torch_version']}. "
-        f"Model: DecoderLM, {cfg['n_layers']} layers, d_model "
-        f"{cfg['d_model']}, {cfg['n_heads']} heads, context "
-        f"{cfg['max_len']}, dropout {cfg['dropout']}, "
+        f"Model: DecoderLM, {cfg['num_hidden_layers']} layers, d_model "
+        f"{cfg['hidden_size']}, {cfg['num_attention_heads']} heads, context "
+        f"{cfg['max_position_embeddings']}, dropout {cfg['dropout']}, "
         f"{info['parameters']:,} parameters, stored as float16. The wall "
         f"time depends on what else runs: compare the load average (2 "
         f"cores).\n\n"

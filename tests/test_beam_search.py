@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from course_lib.generation import beam_search, sampling
+from course_lib.generation import sampling
 from course_lib.generation.beam_search import (Beam, beam_search,
                                                length_penalty_factor)
 from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
@@ -16,8 +16,9 @@ from errors import error_for
 def tiny_lm(vocab_size: int, seed: int) -> DecoderLM:
     """A random decoder LM: its logits depend on the whole prefix."""
     torch.manual_seed(seed)
-    cfg = DecoderLMConfig(vocab_size=vocab_size, d_model=16, n_heads=2,
-                          n_layers=2, max_len=32)
+    cfg = DecoderLMConfig(vocab_size=vocab_size, hidden_size=16,
+                          num_attention_heads=2, num_hidden_layers=2,
+                          max_position_embeddings=32)
     model = DecoderLM(cfg)
     with torch.no_grad():   # sharper distributions: fewer near-ties
         model.lm_head.weight.mul_(8.0)

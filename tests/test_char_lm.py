@@ -12,8 +12,10 @@ from course_lib.tasks.text_corpus import CharVocab, load_pydoc_corpus
 
 def tiny_model():
     torch.manual_seed(0)
-    return DecoderLM(DecoderLMConfig(vocab_size=7, d_model=16, n_heads=2,
-                                     n_layers=1, max_len=8)).eval()
+    return DecoderLM(DecoderLMConfig(vocab_size=7, hidden_size=16,
+                                     num_attention_heads=2,
+                                     num_hidden_layers=1,
+                                     max_position_embeddings=8)).eval()
 
 
 def test_bits_per_char_within_one_window_is_the_mean_cross_entropy():
@@ -77,13 +79,15 @@ def test_committed_checkpoint_loads_and_matches_its_metadata():
     corpus = load_pydoc_corpus()
     if corpus.python_version == info["python_version"]:
         fresh = char_lm.bits_per_char(model, vocab.encode(corpus.val),
-                                 context=model.config.max_len)
+                                 context=model.config.max_position_embeddings)
         assert fresh == pytest.approx(info["val_bits_per_char"], abs=2e-4)
 
 
 def test_save_and_load_round_trip(tmp_path):
     torch.manual_seed(0)
-    model = DecoderLM(char_lm.char_lm_config(d_model=32, n_heads=2, n_layers=1))
+    model = DecoderLM(char_lm.char_lm_config(hidden_size=32,
+                                             num_attention_heads=2,
+                                             num_hidden_layers=1))
     path = tmp_path / "m.pt"
     char_lm.save_char_lm(path, model, {"steps": 0})
     loaded, _ = char_lm.load_char_lm(path)

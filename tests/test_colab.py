@@ -165,7 +165,7 @@ def test_chapter_runs_in_fresh_colab(notebook, runtime, tmp_path):
     driven = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert "widgets driven:" in driven and "driven: 0" not in driven
     chinese = notebook.parent.parent.name == "zh"
-    assert (f"language: zh button: 检查" if chinese
+    assert ("language: zh button: 检查" if chinese
             else "language: en button: Check") in driven, driven
     # Widgets were displayed as live views (the HTML copy is left out on
     # Colab so that the widget is what the learner sees).

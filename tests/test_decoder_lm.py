@@ -15,7 +15,7 @@ from torch import nn
 
 from course_lib.model.decoder_lm import (DecoderLM, DecoderLMConfig,
                                          decoder_lm_param_count)
-from course_lib.model.block import num_parameters
+from course_lib.sizing.params import num_parameters
 
 
 @pytest.fixture(autouse=True)
@@ -33,24 +33,29 @@ def test_gpt2_small_has_124439808_parameters():
 
 
 @pytest.mark.parametrize("kw", [
-    dict(), dict(positions="learned", norm="layer", ffn="gelu", bias=True),
-    dict(n_kv_heads=2, tie_embeddings=False, ffn="relu"),
-    dict(norm="layer", bias=False, d_ff=100)])
+    dict(), dict(position="learned", norm="layer", hidden_act="gelu",
+                 attention_bias=True, mlp_bias=True),
+    dict(num_key_value_heads=2, tie_word_embeddings=False, hidden_act="relu"),
+    dict(norm="layer", intermediate_size=100),
+    dict(attention_bias=True),
+    dict(norm="layer", hidden_act="gelu", mlp_bias=True)])
 def test_decoder_lm_count_formula(kw):
-    cfg = DecoderLMConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2,
-                          max_len=16, **kw)
+    cfg = DecoderLMConfig(vocab_size=50, hidden_size=32, num_attention_heads=4,
+                          num_hidden_layers=2, max_position_embeddings=16,
+                          **kw)
     assert num_parameters(DecoderLM(cfg)) == decoder_lm_param_count(cfg)
 
 
 def test_swiglu_default_width():
-    cfg = DecoderLMConfig(vocab_size=10, d_model=96)
-    assert cfg.d_ff == 256                       # int(8*96/3) = 256
-    assert DecoderLMConfig(vocab_size=10, d_model=96, ffn="gelu").d_ff == 384
+    cfg = DecoderLMConfig(vocab_size=10, hidden_size=96)
+    assert cfg.intermediate_size == 256          # int(8*96/3) = 256
+    assert DecoderLMConfig(vocab_size=10, hidden_size=96,
+                           hidden_act="gelu").intermediate_size == 384
 
 
 # ------------------------------------------------------------- tying
 def test_tied_gradients_accumulate_in_one_tensor():
-    lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
+    lm = DecoderLM(DecoderLMConfig(vocab_size=20, num_hidden_layers=1))
     lm(torch.randint(20, (2, 5))).sum().backward()
     # gradient from both uses lands in the single shared tensor
     g = lm.embed_tokens.weight.grad
@@ -61,8 +66,9 @@ def test_tied_gradients_accumulate_in_one_tensor():
 # ------------------------------------------------------------- DecoderLM
 @pytest.mark.parametrize("positions", ["rope", "learned"])
 def test_decoder_lm_is_causal(positions):
-    lm = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
-                                   n_layers=2, positions=positions)).eval()
+    lm = DecoderLM(DecoderLMConfig(vocab_size=30, hidden_size=32,
+                                   num_attention_heads=4, num_hidden_layers=2,
+                                   position=positions)).eval()
     idx = torch.randint(30, (2, 10))
     logits = lm(idx)
     assert logits.shape == (2, 10, 30)
@@ -75,15 +81,17 @@ def test_decoder_lm_is_causal(positions):
 
 def test_decoder_lm_positions_hook():
     # learned positions: other positions, other logits
-    lm = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
-                                   n_layers=1, positions="learned")).eval()
+    lm = DecoderLM(DecoderLMConfig(vocab_size=30, hidden_size=32,
+                                   num_attention_heads=4, num_hidden_layers=1,
+                                   position="learned")).eval()
     idx = torch.randint(30, (1, 4))
     a = lm(idx)
     b = lm(idx, positions=torch.arange(4) + 3)
     assert not torch.allclose(a, b, atol=1e-4)
     # RoPE: a global shift of all positions changes nothing (relative)
-    rope = DecoderLM(DecoderLMConfig(vocab_size=30, d_model=32, n_heads=4,
-                                     n_layers=2)).eval()
+    rope = DecoderLM(DecoderLMConfig(vocab_size=30, hidden_size=32,
+                                     num_attention_heads=4,
+                                     num_hidden_layers=2)).eval()
     assert torch.allclose(rope(idx), rope(idx, torch.arange(4) + 9),
                           atol=1e-4)
 
@@ -102,7 +110,7 @@ def test_decoder_lm_init_gives_uniformish_predictions():
 
 
 def test_decoder_lm_returns_the_logits_only():
-    lm = DecoderLM(DecoderLMConfig(vocab_size=20, n_layers=1))
+    lm = DecoderLM(DecoderLMConfig(vocab_size=20, num_hidden_layers=1))
     logits = lm(torch.randint(20, (1, 3)))
     assert isinstance(logits, torch.Tensor) and logits.shape == (1, 3, 20)
     assert not hasattr(lm, "forward_with_aux")

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 
 from course_lib.model import block
 from course_lib import training
-from course_lib import training
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
 from notebook_support import exercise_cell

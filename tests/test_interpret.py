@@ -18,8 +18,9 @@ from course_lib.model.rope import apply_rope
 
 def tiny(**kw) -> DecoderLM:
     torch.manual_seed(0)
-    cfg = dict(vocab_size=40, d_model=32, n_heads=4, n_kv_heads=2,
-               n_layers=3, max_len=32)
+    cfg = dict(vocab_size=40, hidden_size=32, num_attention_heads=4,
+               num_key_value_heads=2, num_hidden_layers=3,
+               max_position_embeddings=32)
     cfg.update(kw)
     return DecoderLM(DecoderLMConfig(**cfg)).eval()
 
@@ -42,8 +43,9 @@ def head_by_hand(model, layer, head, x):
     c = model.config
     block = model.layers[layer]
     attn = block.attention
-    d_k = c.d_model // c.n_heads
-    g = head // (c.n_heads // c.n_kv_heads)       # the K/V head it reads
+    H, G = c.num_attention_heads, c.num_key_value_heads
+    d_k = c.hidden_size // H
+    g = head // (H // G)                          # the K/V head it reads
     h = block.norm1(x)                                       # (B, T, D)
     rq = slice(head * d_k, (head + 1) * d_k)
     rk = slice(g * d_k, (g + 1) * d_k)
@@ -52,33 +54,35 @@ def head_by_hand(model, layer, head, x):
     if attn.q_proj.bias is not None:
         q, k = q + attn.q_proj.bias[rq], k + attn.k_proj.bias[rk]
     T = x.shape[1]
-    if c.positions == "rope":
+    if c.position == "rope":
         pos = torch.arange(T)
-        q = apply_rope(q, pos, base=c.rope_base,
-                       interleaved=c.rope_interleaved)
-        k = apply_rope(k, pos, base=c.rope_base,
-                       interleaved=c.rope_interleaved)
+        q = apply_rope(q, pos, base=c.rope_theta,
+                       interleave=c.rope_interleave)
+        k = apply_rope(k, pos, base=c.rope_theta,
+                       interleave=c.rope_interleave)
     scores = q @ k.transpose(-1, -2) / math.sqrt(d_k)         # (B, T, T)
     future = torch.ones(T, T, dtype=torch.bool).triu(1)
     return scores.masked_fill(future, float("-inf")).softmax(-1)
 
 
-@pytest.mark.parametrize("kw", [{}, {"rope_interleaved": True},
-                                {"positions": "learned", "norm": "layer",
-                                 "ffn": "gelu", "bias": True,
-                                 "n_kv_heads": 4}])
+@pytest.mark.parametrize("kw", [{}, {"rope_interleave": True},
+                                {"position": "learned", "norm": "layer",
+                                 "hidden_act": "gelu",
+                                 "attention_bias": True, "mlp_bias": True,
+                                 "num_key_value_heads": 4}])
 def test_maps_equal_heads_by_hand_and_logits_unchanged(kw):
     model = tiny(**kw)
     idx = torch.randint(40, (2, 11), generator=torch.Generator()
                         .manual_seed(1))
     maps, logits = attention_maps(model, idx)
     c = model.config
-    assert maps.shape == (c.n_layers, 2, c.n_heads, 11, 11)
+    assert maps.shape == (c.num_hidden_layers, 2, c.num_attention_heads,
+                          11, 11)
     inputs, ref_logits = block_inputs(model, idx)
     torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
     with torch.no_grad():
-        for layer in range(c.n_layers):
-            for head in range(c.n_heads):
+        for layer in range(c.num_hidden_layers):
+            for head in range(c.num_attention_heads):
                 ref = head_by_hand(model, layer, head, inputs[layer])
                 torch.testing.assert_close(maps[layer, :, head], ref,
                                            rtol=0, atol=1e-5)

@@ -31,7 +31,7 @@ def test_cached_logits_equal_full_recomputation(name, prompt_len):
 
 
 def test_cache_stores_kv_heads_not_query_heads():
-    lm = tiny_lm(n_kv_heads=2)
+    lm = tiny_lm(num_key_value_heads=2)
     cache = KVCache(2)
     lm(torch.randint(23, (2, 7)), cache=cache)
     k, v = cache[0].tensors
@@ -94,7 +94,7 @@ def test_kv_cache_bytes_equals_actual_cache(name):
         expected = B * kv_cache_bytes(lm.config, T, bytes_per_value=4)
         assert cache.nbytes() == expected
     # closed form of the tiny model: 2 G d_h l with d_h = 32 / 4 = 8
-    G = MODELS[name].get("n_kv_heads", 4)
+    G = MODELS[name].get("num_key_value_heads", 4)
     assert kv_values_per_token(lm.config) == 2 * G * 8 * 2
 
 
@@ -125,14 +125,17 @@ def test_kv_cache_bytes_published_configs():
 
 
 def test_kv_cache_bytes_attribute_rule():
-    # Hugging Face names first; head_dim, when set, beats width // heads
-    both = SimpleNamespace(num_hidden_layers=2, n_layers=5, hidden_size=64,
-                           d_model=999, num_attention_heads=4, n_heads=3,
-                           num_key_value_heads=None, n_kv_heads=2,
-                           head_dim=32)
-    assert kv_values_per_token(both) == 2 * 2 * 32 * 2
-    course = DecoderLMConfig(vocab_size=10, d_model=48, n_heads=6,
-                             n_kv_heads=3, n_layers=5)
+    # Hugging Face names; head_dim, when set, beats width // heads, and
+    # num_key_value_heads None means one K/V head per query head
+    hf = SimpleNamespace(num_hidden_layers=2, hidden_size=64,
+                         num_attention_heads=4, num_key_value_heads=None,
+                         head_dim=32)
+    assert kv_values_per_token(hf) == 2 * 4 * 32 * 2
+    hf.head_dim = None
+    assert kv_values_per_token(hf) == 2 * 4 * 16 * 2
+    course = DecoderLMConfig(vocab_size=10, hidden_size=48,
+                             num_attention_heads=6, num_key_value_heads=3,
+                             num_hidden_layers=5)
     assert kv_values_per_token(course) == 2 * 3 * 8 * 5
     mla_layer = SimpleNamespace(kv_lora_rank=16, qk_rope_head_dim=4)
     assert kv_values_per_token(mla_layer, n_layers=3) == 60
@@ -147,11 +150,14 @@ def test_kv_cache_bytes_bad_input():
     with pytest.raises(ValueError, match="num_hidden_layers"):
         kv_cache_bytes(SimpleNamespace(hidden_size=8), 1)
     with pytest.raises(ValueError, match="qk_rope_head_dim"):
-        kv_cache_bytes(SimpleNamespace(n_layers=2, kv_lora_rank=8), 1)
+        kv_cache_bytes(SimpleNamespace(num_hidden_layers=2, kv_lora_rank=8),
+                       1)
     with pytest.raises(ValueError, match="n_layers must be >= 0"):
         kv_cache_bytes(LLAMA2_7B, 1, n_layers=-1)
     with pytest.raises(ValueError, match="config.num_attention_heads"):
-        kv_cache_bytes(SimpleNamespace(n_layers=2, n_heads=0, d_model=8), 1)
+        kv_cache_bytes(SimpleNamespace(num_hidden_layers=2,
+                                       num_attention_heads=0, hidden_size=8),
+                       1)
 
 
 # ==================================================== layers called alone
@@ -207,7 +213,7 @@ def test_layers_reject_positions_that_do_not_continue_their_cache(kind):
 
 # ============================== mutation testing (benchmarks/mutation.md)
 # Tests added because a mutant of course_lib.model.kv_cache survived the ones
-# above.
+# above. (The messages in full: tests/pins/test_kv_cache_messages.py.)
 def test_layer_cache_crop_by_hand():
     k = torch.arange(2 * 1 * 4 * 3.0).reshape(2, 1, 4, 3)    # (B, G, S, d)
     v = -k
@@ -243,22 +249,11 @@ def test_model_cache_crop_and_fork_keep_lengths_and_limit():
 
 def test_check_next_rejects_what_is_not_a_1d_tensor():
     c = LayerKVCache()
-    with pytest.raises(ValueError, match=r"^positions must be a 1-D tensor "
-                       r"\(T,\), got \(1, 2\)$"):
+    with pytest.raises(ValueError, match=r"^positions must be a 1-D tensor"):
         c.check_next(torch.tensor([[0, 1]]))
     with pytest.raises(TypeError, match=r"^positions must be a torch"):
         c.check_next([0, 1])
     c.check_next(torch.tensor([0, 1]))              # continues an empty cache
-
-
-def test_check_next_message_shows_at_most_8_positions():
-    c = LayerKVCache()
-    with pytest.raises(ValueError, match=r"got \[1, 2, 3, 4, 5, 6, 7, 8\]$"):
-        c.check_next(torch.arange(1, 9))                  # 8: all shown
-    with pytest.raises(ValueError, match=r"^positions must continue the "
-                       r"cache, i\.e\. start at 0 and increase by 1, got "
-                       r"\[1, 2, 3, 4, 5, 6, 7, 8, '\.\.\.'\]$"):
-        c.check_next(torch.arange(1, 10))                 # 9: cut after 8
 
 
 def test_check_next_compares_on_the_positions_device(device_spy):
@@ -294,15 +289,14 @@ def test_kv_values_per_token_floors_the_head_width():
 def test_check_next_rejects_overflow_before_anything_is_computed():
     for cache in (KVCache(2, max_len=5), LayerKVCache(max_len=5)):
         cache.check_next(torch.arange(5))              # exactly fills it
-        with pytest.raises(ValueError, match=r"^cache overflow: 0 cached \+ "
-                           r"6 new positions exceeds max_len=5$"):
+        with pytest.raises(ValueError, match="exceeds max_len=5"):
             cache.check_next(torch.arange(6))
 
 
-def test_model_cache_layers_share_its_limit_and_messages():
+def test_model_cache_layers_share_its_limit():
     cache = KVCache(3, max_len=4)
     assert [layer.max_len for layer in cache.layers] == [4, 4, 4]
     with pytest.raises(ValueError, match="exceeds max_len=4"):
         cache[2].update(torch.zeros(1, 5, 2))      # each layer enforces it
-    with pytest.raises(ValueError, match=r"^n_layers must be >= 1, got 0$"):
+    with pytest.raises(ValueError, match="n_layers"):
         KVCache(0)

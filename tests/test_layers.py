@@ -83,7 +83,7 @@ def test_swiglu_has_no_bias_and_three_matrices():
     m = SwiGLU(64, 176)
     assert all(p.dim() == 2 for p in m.parameters())
     assert sum(p.numel() for p in m.parameters()) == \
-        swiglu_param_count(d_model=64, d_hidden=176) == 3 * 64 * 176
+        swiglu_param_count(d_model=64, d_ff=176) == 3 * 64 * 176
 
 
 @pytest.mark.parametrize("d,hidden", [(4096, 11008), (5120, 13824),
@@ -95,7 +95,7 @@ def test_llama_hidden_dim_published(d, hidden):
 
 def test_llama_hidden_dim_keeps_params_close_to_4d_ffn():
     d = 4096
-    ratio = swiglu_param_count(d_model=d, d_hidden=llama_hidden_dim(d)) / \
+    ratio = swiglu_param_count(d_model=d, d_ff=llama_hidden_dim(d)) / \
         ffn_param_count(d_model=d, d_ff=4 * d, bias=False)
     assert 1.0 <= ratio < 1.01
 
@@ -187,7 +187,7 @@ def test_bad_inputs():
 
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 @pytest.mark.parametrize("eps", [0, -1e-5, float("inf"), float("nan")])
-def test_norm_eps_must_be_finite_and_positive(kind, eps):
+def test_norm_epsilon_must_be_finite_and_positive(kind, eps):
     # LayerNorm's eps was once unchecked (eps = 0 gave
     # NaN on a constant input), RMSNorm accepted inf (all zeros).
     with pytest.raises(ValueError, match="eps must be"):

@@ -100,7 +100,8 @@ def test_tiny_file_loads(tiny):
     path, _, _ = tiny
     f = GGUFFile(path)
     model = load_gguf_llama(f)
-    assert model.config.n_layers == 1 and model.config.d_model == D
+    assert model.config.num_hidden_layers == 1 and \
+        model.config.hidden_size == D
     assert torch.equal(model.state_dict()["layers.0.ffn.up_proj.weight"],
                        f.dequantize("blk.0.ffn_up.weight"))
 

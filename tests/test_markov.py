@@ -120,8 +120,9 @@ def test_committed_synthetic_lm_is_the_recipe_model_and_scores_as_recorded():
     gives the validation loss recorded when it was trained."""
     run = markov.load_synthetic_lm()
     cfg = run.model.config
-    assert (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.n_layers,
-            cfg.max_len) == (16, 64, 4, 2, 64)
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.num_attention_heads,
+            cfg.num_hidden_layers, cfg.max_position_embeddings) == \
+        (16, 64, 4, 2, 64)
     assert not run.model.training
     ref = markov.random_markov_source(vocab_size=16, order=2, branching=3,
                                   seed=0)

@@ -294,6 +294,8 @@ def test_draw_mask_bad_input():
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
 # Tests added because a mutant of course_lib.model.masks survived the ones above.
+# (The messages in full and the figures' colours and sizes:
+# tests/pins/test_masking_messages.py and tests/pins/test_masking_figures.py.)
 def test_masks_are_built_on_the_device_asked_for(device_spy):
     # Only a CPU here, so a dropped device=... would not change any value:
     # a spy on the tensor factories checks that each one is asked for the
@@ -342,8 +344,7 @@ def test_combine_masks_none_and_bad_shapes():
     assert torch.equal(masks.combine_masks(None, c, None), c)
     p = masks.padding_mask([2], 3)
     assert torch.equal(masks.combine_masks(c, p), c & p)
-    with pytest.raises(ValueError, match=r"^masks of shapes \[\(3, 3\), "
-                       r"\(2, 2\)\] do not broadcast together$"):
+    with pytest.raises(ValueError, match="do not broadcast together"):
         masks.combine_masks(c, masks.causal_mask(2))
 
 
@@ -352,24 +353,10 @@ def test_next_token_pairs_1d_and_shortest():
     assert inputs.tolist() == [4] and targets.tolist() == [9]
     inputs, targets = mask_probes.next_token_pairs(torch.tensor([1, 2, 3]))  # 1-D
     assert inputs.tolist() == [1, 2] and targets.tolist() == [2, 3]
-    with pytest.raises(ValueError, match=r"^tokens must have shape \(\.\.\., "
-                       r"T\) with T >= 2, got \(\)$"):
+    with pytest.raises(ValueError, match="T >= 2"):
         mask_probes.next_token_pairs(torch.tensor(7))
-    with pytest.raises(ValueError, match=r"^tokens must hold integer ids, "
-                       r"got dtype torch.bool$"):
+    with pytest.raises(ValueError, match="integer ids"):
         mask_probes.next_token_pairs(torch.tensor([True, False]))
-
-
-def test_bad_input_messages_in_full():
-    with pytest.raises(TypeError, match=r"^mask must be a bool tensor \(True "
-                       r"= may attend\), got list$"):
-        masks.additive_mask([True])
-    with pytest.raises(TypeError, match=r"^mask must be a bool tensor \(True "
-                       r"= may attend\), got torch.float32$"):
-        masks.additive_mask(torch.ones(2))
-    with pytest.raises(ValueError, match=r"^dtype must be a floating dtype, "
-                       r"got torch.int64$"):
-        masks.additive_mask(torch.ones(2, dtype=torch.bool), dtype=torch.int64)
 
 
 def test_influence_matrix_checks_and_trials():
@@ -400,13 +387,11 @@ def test_influence_matrix_checks_and_trials():
             (0, ValueError, "must be >= 1, got 0")):
         with pytest.raises(error, match=rf"^n_trials {message}$"):
             mask_probes.influence_matrix(f, x, n_trials=bad)
-    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., T, D\)"
-                       r", got \(3,\)$"):
+    with pytest.raises(ValueError, match=r"^x must have shape"):
         mask_probes.influence_matrix(f, torch.zeros(3))
-    with pytest.raises(ValueError, match=r"^fn must return shape \(\.\.\., "
-                       r"T=3, D_out\), got \(1,\)$"):
+    with pytest.raises(ValueError, match="fn must return shape"):
         mask_probes.influence_matrix(lambda z: z.sum((0, 1))[None], x)
-    with pytest.raises(TypeError, match=r"^fn must be callable, got 3$"):
+    with pytest.raises(TypeError, match="fn must be callable"):
         mask_probes.influence_matrix(3, x)
 
 
@@ -417,30 +402,26 @@ def _filled(image):
                         np.nan)
 
 
-def test_draw_mask_every_artist_by_hand():
+def test_draw_mask_draws_the_mask_and_weights_by_hand():
+    # what is drawn, cell by cell (its colours, font sizes and grid are
+    # pinned in tests/pins/test_masking_figures.py)
     import numpy as np
-    from matplotlib.colors import to_rgba
     nan = np.nan
     fig = Figure()
-    # without weights: one image, blocked grey (0), allowed blue (1)
+    # without weights: one image, blocked 0, allowed 1
     ax = fig.add_subplot(121)
     mask = torch.tensor([[True, False, True], [True, True, False]])
     assert mask_probes.draw_mask(ax, mask) is ax
     (img,) = ax.images
     np.testing.assert_array_equal(_filled(img), [[1, 0, 1], [1, 1, 0]])
     assert img.get_clim() == (0, 1)
-    assert img.get_cmap()(0.0) == to_rgba("#d9d9d9")
-    assert img.get_cmap()(1.0) == to_rgba("#3b75af")
     assert not ax.texts and ax.get_title() == ""
-    # default font size 8: tick labels 8, axis labels 9
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1"]
-    assert {t.get_fontsize() for t in ax.get_xticklabels()
-            + ax.get_yticklabels()} == {8}
-    assert (ax.get_xlabel(), ax.xaxis.label.get_fontsize()) == ("key", 9)
-    assert (ax.get_ylabel(), ax.yaxis.label.get_fontsize()) == ("query", 9)
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("key", "query")
 
-    # with weights and font size 5
+    # with weights: the weights of the allowed cells, the blocked ones
+    # in an image of their own
     ax = fig.add_subplot(122)
     w = torch.tensor([[0.7, 0.0, 0.3], [0.6, 0.4, 0.0]], dtype=torch.float64)
     mask_probes.draw_mask(ax, mask, weights=w, title="T", fontsize=5,
@@ -448,68 +429,43 @@ def test_draw_mask_every_artist_by_hand():
     shade, grey = ax.images
     np.testing.assert_array_equal(_filled(shade),
                                   [[0.7, nan, 0.3], [0.6, 0.4, nan]])
-    assert shade.get_cmap().name == "Blues" and shade.get_clim() == (0, 1)
+    assert shade.get_clim() == (0, 1)
     np.testing.assert_array_equal(_filled(grey),
                                   [[nan, 1, nan], [nan, nan, 1]])
-    assert grey.get_cmap()(1.0) == to_rgba("#d9d9d9")
     assert grey.get_clim() == (0, 1)
-    # one centred label per cell; white only on weights above 0.6
-    cells = [(t.get_position(), t.get_text(), t.get_color(), t.get_fontsize(),
-              t.get_ha(), t.get_va()) for t in ax.texts]
-    expected = []
-    for i in range(2):
-        for j in range(3):
-            ok = bool(mask[i, j])
-            text = f"{float(w[i, j]):.2f}" if ok else "-"
-            colour = "white" if ok and w[i, j] > 0.6 else "black"
-            expected.append(((j, i), text, colour, 5, "center", "center"))
+    # one label per cell: the weight, or "-" where the mask blocks
+    cells = [(t.get_position(), t.get_text()) for t in ax.texts]
+    expected = [((j, i), f"{float(w[i, j]):.2f}" if mask[i, j] else "-")
+                for i in range(2) for j in range(3)]
     assert cells == expected
-    assert (ax.get_title(), ax.title.get_fontsize()) == ("T", 7)
-    assert ax.xaxis.label.get_fontsize() == ax.yaxis.label.get_fontsize() == 6
+    assert ax.get_title() == "T"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["p", "q"]
-    assert {t.get_fontsize() for t in ax.get_xticklabels()
-            + ax.get_yticklabels()} == {5}
-    # major ticks on the cells, minor ticks (the grid) between them
+    # a tick on each cell
     assert list(ax.get_xticks()) == [0, 1, 2]
     assert list(ax.get_yticks()) == [0, 1]
-    assert list(ax.get_xticks(minor=True)) == [-0.5, 0.5, 1.5, 2.5]
-    assert list(ax.get_yticks(minor=True)) == [-0.5, 0.5, 1.5]
-    for axis in (ax.xaxis, ax.yaxis):
-        for tick in axis.get_minor_ticks():
-            assert tick.gridline.get_visible()
-            assert tick.gridline.get_color() == "white"
-            assert tick.gridline.get_linewidth() == 1
-            assert tick.tick1line.get_markersize() == 0
-        assert not any(t.gridline.get_visible()
-                       for t in axis.get_major_ticks())
 
 
-def test_draw_mask_all_allowed_is_blue_and_all_blocked_grey():
+def test_draw_mask_keeps_its_scale_for_a_mask_of_one_value():
     # the colour scale is fixed to [0, 1]: a mask with one value only
-    # must not be rescaled to its own range (which would draw it grey)
-    from matplotlib.colors import to_rgba
+    # must not be rescaled to its own range (which would draw an
+    # all-allowed mask as blocked; the colours themselves are pinned in
+    # tests/pins/test_masking_figures.py)
     fig = Figure()
-    for i, (value, colour) in enumerate(((True, "#3b75af"),
-                                         (False, "#d9d9d9"))):
+    for i, value in enumerate((True, False)):
         ax = fig.add_subplot(1, 2, i + 1)
         mask_probes.draw_mask(ax, torch.full((2, 3), value))
         (img,) = ax.images
         assert img.get_clim() == (0, 1)
-        assert img.get_cmap()(img.norm(float(value))) == to_rgba(colour)
+        assert img.norm(float(value)) == float(value)
 
 
-def test_draw_mask_bad_input_messages():
+def test_draw_mask_rejects_a_float_or_1d_mask_and_list_weights():
+    # (the messages in full: tests/pins/test_masking_messages.py)
     ax = Figure().add_subplot()
-    with pytest.raises(TypeError, match=r"^mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
         mask_probes.draw_mask(ax, torch.ones(2, 2))
-    with pytest.raises(ValueError, match=r"^mask must have shape \(Lq, Lk\), "
-                       r"got \(2,\)$"):
+    with pytest.raises(ValueError, match="mask must have shape"):
         mask_probes.draw_mask(ax, torch.ones(2, dtype=torch.bool))
-    with pytest.raises(TypeError, match=r"^weights must be a torch.Tensor, "
-                       r"got list$"):
+    with pytest.raises(TypeError, match="weights must be a torch.Tensor"):
         mask_probes.draw_mask(ax, torch.ones(1, 1, dtype=torch.bool), weights=[[1.0]])
-    with pytest.raises(ValueError, match=r"^weights must have shape \(2, 2\) "
-                       r"like mask, got \(2, 3\)$"):
-        mask_probes.draw_mask(ax, torch.ones(2, 2, dtype=torch.bool),
-                    weights=torch.ones(2, 3))

@@ -366,6 +366,7 @@ def test_rope_hook_bad_inputs():
 # ---- found by mutation testing: details a mutant could change unseen
 # Tests added because a mutant of course_lib.model.mha survived the ones above
 # (benchmarks/mutation.md, "mha survivors and why").
+# (The messages in full: tests/pins/test_mha_messages.py.)
 def _rope_mha_by_hand(attn, x, positions, mask):
     """attn's output and weights by hand: RoPE as complex numbers at the
     given positions (halves pairing, base 10000), each head's softmax in
@@ -477,10 +478,9 @@ def test_fused_flag_picks_the_kernel_for_forward_only(monkeypatch):
             ran.append(path)
             return real(*args, **kw)
         return call
-    monkeypatch.setattr(mha, "fused_attention",
-                        spy("fused", attention.fused_attention))
-    monkeypatch.setattr(mha, "scaled_dot_product_attention",
-                        spy("explicit", attention.scaled_dot_product_attention))
+    monkeypatch.setattr(mha, "fused_attend",
+                        spy("fused", attention.fused_attend))
+    monkeypatch.setattr(mha, "attend", spy("explicit", attention.attend))
     fused = MultiHeadAttention(16, 4, fused=True)
     assert fused.fused is True and MultiHeadAttention(16, 4).fused is False
     ref = torch_twin(fused)
@@ -508,23 +508,10 @@ def test_smallest_model_width_and_integer_param_count():
         assert type(mha_param_count(**kw)) is int
 
 
-def test_mha_messages_in_full():
-    import re
-
+def test_a_cache_is_for_self_attention_only():
+    # (this and the other messages in full: tests/pins/test_mha_messages.py)
     from course_lib.model.kv_cache import LayerKVCache
-
-    def full(text):
-        return "^" + re.escape(text) + "$"
     mha = MultiHeadAttention(16, 2)
     x = torch.randn(2, 5, 16)
-    for call, message in (
-            (lambda: mha(torch.randn(2, 5, 8)),
-             "x must have shape (B, T, d_model=16), got (2, 5, 8)"),
-            (lambda: mha(x, context=torch.randn(3, 4, 16)),
-             "context must have shape (B=2, S, d_model=16), got (3, 4, 16)"),
-            (lambda: mha(x, context=x, cache=LayerKVCache()),
-             "cache is for self-attention: pass context=None with a cache")):
-        with pytest.raises(ValueError, match=full(message)):
-            call()
-    with pytest.raises(ValueError, match=r"^rope.head_dim must be 4, got 8$"):
-        MultiHeadAttention(8, 2, rope=RotaryEmbedding(8))
+    with pytest.raises(ValueError, match="cache is for self-attention"):
+        mha(x, context=x, cache=LayerKVCache())

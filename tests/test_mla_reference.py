@@ -89,7 +89,7 @@ def test_equals_reference_at_offset_positions(absorb, q_lora_rank):
 
 def test_interleaved_pairs_are_what_the_released_layout_needs():
     # rope_interleave=True (DeepSeek's layout) pairs dims (2i, 2i+1), i.e.
-    # apply_rope(..., interleaved=True); rotate-half pairs do not match.
+    # apply_rope(..., interleave=True); rotate-half pairs do not match.
     torch.manual_seed(123)
     x = torch.randn(1, 6, 48)
     pos = torch.arange(6) + 3

@@ -23,7 +23,8 @@ def test_weight_tying_shares_storage():
     lm = DecoderLM(DecoderLMConfig(vocab_size=40))
     assert lm.lm_head.weight is lm.embed_tokens.weight
     assert lm.lm_head.weight.data_ptr() == lm.embed_tokens.weight.data_ptr()
-    untied = DecoderLM(DecoderLMConfig(vocab_size=40, tie_embeddings=False))
+    untied = DecoderLM(DecoderLMConfig(vocab_size=40,
+                                       tie_word_embeddings=False))
     assert untied.lm_head.weight.data_ptr() != \
         untied.embed_tokens.weight.data_ptr()
     tr = tiny_transformer()
@@ -35,16 +36,18 @@ def test_weight_tying_shares_storage():
 
 # ------------------------------------------------------------- bad input
 def test_bad_inputs():
-    with pytest.raises(ValueError, match="positions must be one of"):
-        DecoderLMConfig(vocab_size=10, positions="alibi")
-    with pytest.raises(ValueError, match="ffn must be one of"):
-        DecoderLMConfig(vocab_size=10, ffn="moe")
+    with pytest.raises(ValueError, match="position must be one of"):
+        DecoderLMConfig(vocab_size=10, position="alibi")
+    with pytest.raises(ValueError, match="hidden_act must be one of"):
+        DecoderLMConfig(vocab_size=10, hidden_act="moe")
     with pytest.raises(ValueError, match="share_src_tgt_embeddings needs"):
         Transformer(TransformerConfig(src_vocab_size=10, tgt_vocab_size=12))
-    lm = DecoderLM(DecoderLMConfig(vocab_size=10, max_len=8, n_layers=1))
+    lm = DecoderLM(DecoderLMConfig(vocab_size=10, max_position_embeddings=8,
+                                   num_hidden_layers=1))
     with pytest.raises(ValueError, match=r"idx must hold ids in \[0, 10\)"):
         lm(torch.tensor([[3, 10]]))
-    with pytest.raises(ValueError, match="more than max_len=8"):
+    with pytest.raises(ValueError,
+                       match="more than max_position_embeddings=8"):
         lm(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(TypeError, match="idx must be an int64 tensor"):
         lm(torch.zeros(1, 4))
@@ -56,15 +59,20 @@ def test_bad_inputs():
 
 
 @pytest.mark.parametrize("config, overrides, match", [
-    (DecoderLMConfig, dict(n_layers=-1), "n_layers must be >= 1, got -1"),
+    (DecoderLMConfig, dict(num_hidden_layers=-1),
+     "num_hidden_layers must be >= 1, got -1"),
     (DecoderLMConfig, dict(dropout=1.5), "dropout must be < 1"),
-    (DecoderLMConfig, dict(d_model=True), "d_model must be an int"),
-    (DecoderLMConfig, dict(rope_base=0.0), "rope_base must be > 0"),
-    (TransformerConfig, dict(n_layers=-1), "n_layers must be >= 1, got -1"),
+    (DecoderLMConfig, dict(hidden_size=True), "hidden_size must be an int"),
+    (DecoderLMConfig, dict(rope_theta=0.0), "rope_theta must be > 0"),
+    (DecoderLMConfig, dict(rms_norm_eps=0.0), "rms_norm_eps must be > 0"),
+    (DecoderLMConfig, dict(mlp_bias=1), "mlp_bias must be a bool"),
+    (TransformerConfig, dict(num_hidden_layers=-1),
+     "num_hidden_layers must be >= 1, got -1"),
     (TransformerConfig, dict(dropout=-0.1), "dropout must be >= 0"),
 ])
 def test_configs_reject_nonsense(config, overrides, match):
-    # n_layers=-1 used to build a model with no layers; dropout=1.5 passed.
+    # num_hidden_layers=-1 used to build a model with no layers;
+    # dropout=1.5 passed.
     base = dict(vocab_size=10) if config is DecoderLMConfig else {}
     with pytest.raises(error_for(match), match=match):
         config(**base, **overrides)

@@ -169,6 +169,9 @@ def shrink(cfg: ModelConfig, **extra) -> ModelConfig:
 SMALL = [shrink(c) for c in PUBLISHED.values()] + [
     shrink(GPT2_SMALL, tie_word_embeddings=False),
     shrink(LLAMA2_7B, tie_word_embeddings=True),
+    shrink(GPT2_SMALL, mlp_bias=False),          # biases set one by one
+    shrink(GPT2_SMALL, attention_bias=False),
+    shrink(LLAMA2_7B, attention_bias=True),
     shrink(DEEPSEEK_V3, q_lora_rank=None),
     shrink(DEEPSEEK_V3, n_shared_experts=2, first_k_dense_replace=2),
     shrink(KIMI_K2, n_shared_experts=0, first_k_dense_replace=0),
@@ -209,7 +212,7 @@ def test_active_equals_router_choice_in_built_moe():
 
 
 # ------------------------------------------- RoPE base and YaRN scaling
-def test_rope_base_reaches_the_built_model():
+def test_rope_theta_reaches_the_built_model():
     # Mixtral's base 1e6, checked on what the layer computes: a vector
     # e_i (first half of the head, torch's half-split layout) at position
     # p turns by the angle p / b^(2i/d) into the pair (i, i + d/2).
@@ -264,6 +267,17 @@ def test_rope_fields_are_checked():
 
 
 # ------------------------------------------------------- bad input
+def test_swiglu_biases_are_counted_as_built():
+    # Hugging Face's mlp_bias puts a bias on all three SwiGLU matrices
+    cfg = shrink(LLAMA2_7B, mlp_bias=True, attention_bias=True)
+    model = build_small_model(cfg)
+    assert sum(p.numel() for p in model.parameters()) == \
+        count_parameters(cfg).total
+    ffn = model.layers[0].ffn
+    assert all(getattr(ffn, n).bias is not None
+               for n in ("gate_proj", "up_proj", "down_proj"))
+
+
 def test_bad_inputs():
     with pytest.raises(TypeError, match="config must be a ModelConfig"):
         count_parameters({"hidden_size": 8})
@@ -273,8 +287,6 @@ def test_bad_inputs():
         expert_params(LLAMA2_7B)
     with pytest.raises(ValueError, match="max_params"):
         build_small_model(LLAMA2_7B)
-    with pytest.raises(ValueError, match="attention_bias"):
-        build_small_model(shrink(GPT2_SMALL, mlp_bias=False))
     with pytest.raises(ValueError, match="head_dim"):
         build_small_model(shrink(LLAMA2_7B, head_dim=4))
 

@@ -198,7 +198,7 @@ def _rope_complex(x, positions, base):
 def test_rope_matches_complex_reference(shape, base):
     x = torch.randn(*shape, dtype=torch.float64)
     pos = torch.arange(shape[-2]) * 3 + 2
-    out = rope.apply_rope(x, pos, base=base)
+    out = rope.apply_rope(x, pos, base=base, interleave=True)  # paper's pairs
     assert out.shape == x.shape and out.dtype == x.dtype
     assert torch.allclose(out, _rope_complex(x, pos, base), atol=1e-12)
 
@@ -206,7 +206,7 @@ def test_rope_matches_complex_reference(shape, base):
 def test_rope_float_positions_and_broadcast():
     x = torch.randn(2, 4, 8, dtype=torch.float64)
     pos = torch.tensor([[0.0, 1.5, 2.0, 9.25], [3.0, 3.0, 1.0, 0.0]])
-    out = rope.apply_rope(x, pos)          # per-batch positions (2, 4)
+    out = rope.apply_rope(x, pos, interleave=True)   # per-batch (2, 4)
     for b in range(2):
         ref = _rope_complex(x[b], pos[b], 10000.0)
         assert torch.allclose(out[b], ref, atol=1e-12)
@@ -214,7 +214,7 @@ def test_rope_float_positions_and_broadcast():
 
 def test_rope_float32_stays_float32():
     x = torch.randn(3, 6, 8)
-    out = rope.apply_rope(x, torch.arange(6))
+    out = rope.apply_rope(x, torch.arange(6), interleave=True)
     assert out.dtype == torch.float32
     ref = _rope_complex(x, torch.arange(6), 10000.0).float()
     assert torch.allclose(out, ref, atol=1e-6)
@@ -228,11 +228,11 @@ def test_rope_permutation_relates_conventions():
     assert sorted(perm.tolist()) == list(range(d))
     x = torch.randn(2, 9, d, dtype=torch.float64)
     pos = torch.arange(9) + 5
-    inter = rope.apply_rope(x, pos, interleaved=True)
-    split = rope.apply_rope(x[..., perm], pos, interleaved=False)
+    inter = rope.apply_rope(x, pos, interleave=True)
+    split = rope.apply_rope(x[..., perm], pos, interleave=False)
     assert torch.allclose(inter[..., perm], split, atol=1e-12)
     # Without the permutation the two conventions do differ.
-    plain = rope.apply_rope(x, pos, interleaved=False)
+    plain = rope.apply_rope(x, pos, interleave=False)
     assert not torch.allclose(inter, plain, atol=1e-3)
 
 
@@ -245,26 +245,26 @@ def test_rope_split_halves_matches_rotate_half():
     ang = torch.cat([pos[:, None] * theta] * 2, dim=-1)
     rotate_half = torch.cat([-x[:, d // 2:], x[:, :d // 2]], dim=-1)
     ref = x * ang.cos() + rotate_half * ang.sin()
-    out = rope.apply_rope(x, pos, interleaved=False)
+    out = rope.apply_rope(x, pos, interleave=False)
     assert torch.allclose(out, ref, atol=1e-12)
 
 
-@pytest.mark.parametrize("interleaved", [True, False])
-def test_rope_preserves_norms(interleaved):
+@pytest.mark.parametrize("interleave", [True, False])
+def test_rope_preserves_norms(interleave):
     x = torch.randn(4, 10, 16, dtype=torch.float64)
-    out = rope.apply_rope(x, torch.arange(10) * 37, interleaved=interleaved)
+    out = rope.apply_rope(x, torch.arange(10) * 37, interleave=interleave)
     assert torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=1e-12)
 
 
-@pytest.mark.parametrize("interleaved", [True, False])
-def test_rope_scores_depend_only_on_offset(interleaved):
+@pytest.mark.parametrize("interleave", [True, False])
+def test_rope_scores_depend_only_on_offset(interleave):
     d = 32
     q = torch.randn(d, dtype=torch.float64)
     k = torch.randn(d, dtype=torch.float64)
 
     def score(m, n):
-        qm = rope.apply_rope(q[None], torch.tensor([m]), interleaved=interleaved)
-        kn = rope.apply_rope(k[None], torch.tensor([n]), interleaved=interleaved)
+        qm = rope.apply_rope(q[None], torch.tensor([m]), interleave=interleave)
+        kn = rope.apply_rope(k[None], torch.tensor([n]), interleave=interleave)
         return (qm * kn).sum().item()
 
     for m, n in [(5, 2), (0, 9), (3, 3)]:
@@ -283,23 +283,23 @@ def test_rotary_embedding_checks_its_arguments_once():
         rope.RotaryEmbedding(7)
     with pytest.raises(ValueError, match="base must be > 0"):
         rope.RotaryEmbedding(8, base=-1.0)
-    with pytest.raises(TypeError, match="interleaved must be a bool"):
-        rope.RotaryEmbedding(8, interleaved="False")
+    with pytest.raises(TypeError, match="interleave must be a bool"):
+        rope.RotaryEmbedding(8, interleave="False")
     with pytest.raises(ValueError, match="d_model must be even, got 3"):
         rope.rope_permutation(3)
 
 
 @pytest.mark.parametrize("base", [10000.0, 100000.0, 500000.0])
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_rotary_embedding_rotates_by_its_own_base(base, interleaved):
+@pytest.mark.parametrize("interleave", [False, True])
+def test_rotary_embedding_rotates_by_its_own_base(base, interleave):
     # Closed form, pair by pair: pair i at position m turns by
     # m * base^(-2i/d), whichever features the pairing puts together.
     d, T = 8, 5
     x = torch.randn(2, T, d, dtype=torch.float64)
-    y = rope.RotaryEmbedding(d, base=base, interleaved=interleaved)(
+    y = rope.RotaryEmbedding(d, base=base, interleave=interleave)(
         x, torch.arange(T))
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    a, b = ((slice(0, d, 2), slice(1, d, 2)) if interleaved
+    a, b = ((slice(0, d, 2), slice(1, d, 2)) if interleave
             else (slice(0, d // 2), slice(d // 2, d)))
     angle = torch.arange(T, dtype=torch.float64)[:, None] * theta  # (T, P)
     cos, sin = torch.cos(angle), torch.sin(angle)
@@ -423,3 +423,13 @@ def test_position_probes_reject_huge_widths_and_integer_dtypes():
         position_probes.rotation_matrix(1.0, 10**6)
     with pytest.raises(ValueError, match="dtype"):
         position_probes.rotation_matrix(1.0, 4, dtype=torch.int64)
+
+
+def test_function_and_module_share_the_default_pairing():
+    # one default: the "rotate half" pairs (i, i + D/2) of the Hugging Face
+    # Llama code, for apply_rope and for the module that wraps it
+    x, pos = torch.randn(2, 5, 8, dtype=torch.float64), torch.arange(5)
+    out = rope.apply_rope(x, pos)
+    assert torch.equal(out, rope.RotaryEmbedding(8)(x, pos))
+    assert torch.equal(out, rope.apply_rope(x, pos, interleave=False))
+    assert not torch.allclose(out, rope.apply_rope(x, pos, interleave=True))

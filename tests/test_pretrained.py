@@ -16,8 +16,9 @@ import torch
 from smollm2_support import needs_weights
 from course_lib.pretrained import smollm2 as smollm2_lib
 from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.generation.decoding import generate
-from course_lib.model.block import RMSNorm, num_parameters
+from course_lib.generation.sampling import generate
+from course_lib.model.block import RMSNorm
+from course_lib.sizing.params import num_parameters
 from course_lib.model.mha import MultiHeadAttention
 from course_lib.sizing.configs import SMOLLM2_135M
 from course_lib.sizing.params import count_parameters
@@ -35,42 +36,42 @@ def _seed():
 # ------------------------------------------- DecoderLM for Llama files
 def test_new_config_fields_default_to_the_old_model():
     c = DecoderLMConfig(vocab_size=50)
-    assert (c.rope_base, c.norm_eps, c.rope_interleaved) == \
-        (10000.0, None, False)
+    assert (c.rope_theta, c.rms_norm_eps, c.rope_interleave) == \
+        (10000.0, 1e-6, False)
     m = DecoderLM(c)
     for block in m.layers:
         assert block.attention.rope.base == 10000.0
-        assert block.attention.rope.interleaved is False
+        assert block.attention.rope.interleave is False
         assert block.norm1.eps == block.norm2.eps == 1e-6
     assert m.norm.eps == 1e-6
-    g = DecoderLM(DecoderLMConfig.gpt2_small(n_layers=1, vocab_size=50,
-                                             max_len=8, d_model=32,
-                                             n_heads=2, d_ff=64))
+    g = DecoderLM(DecoderLMConfig.gpt2_small(
+        num_hidden_layers=1, vocab_size=50, max_position_embeddings=8,
+        hidden_size=32, num_attention_heads=2, intermediate_size=64))
     assert g.norm.eps == g.layers[0].norm1.eps == 1e-5
 
 
 def test_new_config_fields_reach_every_layer():
-    c = DecoderLMConfig(vocab_size=50, rope_base=1e5, norm_eps=1e-5,
-                        rope_interleaved=True)
+    c = DecoderLMConfig(vocab_size=50, rope_theta=1e5, rms_norm_eps=1e-5,
+                        rope_interleave=True)
     m = DecoderLM(c)
-    assert all(b.attention.rope.base == 1e5 and b.attention.rope.interleaved
+    assert all(b.attention.rope.base == 1e5 and b.attention.rope.interleave
                for b in m.layers)
     norms = [mod for mod in m.modules() if isinstance(mod, RMSNorm)]
-    assert len(norms) == 2 * c.n_layers + 1
+    assert len(norms) == 2 * c.num_hidden_layers + 1
     assert all(n.eps == 1e-5 for n in norms)
 
 
 def test_interleaved_and_fused_flags_are_checked():
-    with pytest.raises(TypeError, match="interleaved must be a bool"):
-        RotaryEmbedding(8, interleaved="yes")
-    with pytest.raises(TypeError, match="rope_interleaved must be a bool"):
-        DecoderLMConfig(vocab_size=5, rope_interleaved="yes")
+    with pytest.raises(TypeError, match="interleave must be a bool"):
+        RotaryEmbedding(8, interleave="yes")
+    with pytest.raises(TypeError, match="rope_interleave must be a bool"):
+        DecoderLMConfig(vocab_size=5, rope_interleave="yes")
     with pytest.raises(TypeError, match="fused must be a bool"):
         MultiHeadAttention(32, 4, fused=1)
 
 
 def test_fused_attention_equals_explicit():
-    rope = RotaryEmbedding(12, base=100.0, interleaved=True)
+    rope = RotaryEmbedding(12, base=100.0, interleave=True)
     attn = MultiHeadAttention(48, 4, n_kv_heads=2, rope=rope)
     fused = MultiHeadAttention(48, 4, n_kv_heads=2, rope=rope, fused=True)
     fused.load_state_dict(attn.state_dict())
@@ -116,10 +117,11 @@ def test_rope_permute_bad_input():
 def test_both_pairings_give_the_same_model():
     """Interleaved RoPE on permuted Q/K rows == rotate-half on the
     original rows; rotate-half on permuted rows is a different model."""
-    cfg = dict(vocab_size=61, d_model=48, n_heads=4, n_kv_heads=2,
-               n_layers=2, max_len=32, rope_base=100.0)
+    cfg = dict(vocab_size=61, hidden_size=48, num_attention_heads=4,
+               num_key_value_heads=2, num_hidden_layers=2,
+               max_position_embeddings=32, rope_theta=100.0)
     hf = DecoderLM(DecoderLMConfig(**cfg)).eval()
-    gg = DecoderLM(DecoderLMConfig(**cfg, rope_interleaved=True)).eval()
+    gg = DecoderLM(DecoderLMConfig(**cfg, rope_interleave=True)).eval()
     wrong = DecoderLM(DecoderLMConfig(**cfg)).eval()
     state = hf.state_dict()
     permuted = {k: (rope_permute(v, 4) if k.endswith("q_proj.weight") else
@@ -150,8 +152,9 @@ def test_rename():
 
 
 def test_course_lib_names_exist_in_a_decoder_lm():
-    m = DecoderLM(DecoderLMConfig(vocab_size=50, n_layers=2, n_heads=4,
-                                  n_kv_heads=2, tie_embeddings=False))
+    m = DecoderLM(DecoderLMConfig(vocab_size=50, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2,
+                                  tie_word_embeddings=False))
     names = set(dict(m.named_parameters()))
     table = {row[1].replace("{i}", str(i)) for row in NAME_TABLE
              for i in range(2)}
@@ -193,20 +196,22 @@ def test_published_config_count():
 def test_config_and_parameter_count(smollm2):
     model, _ = smollm2
     c = model.config
-    assert (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff) == \
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads,
+            c.num_key_value_heads, c.intermediate_size) == \
         (30, 576, 9, 3, 1536)
-    assert (c.vocab_size, c.max_len, c.rope_base) == (49152, 8192, 1e5)
-    assert c.norm_eps == pytest.approx(1e-5) and c.rope_interleaved is False
+    assert (c.vocab_size, c.max_position_embeddings, c.rope_theta) == \
+        (49152, 8192, 1e5)
+    assert c.rms_norm_eps == pytest.approx(1e-5) \
+        and c.rope_interleave is False
     assert model.lm_head.weight is model.embed_tokens.weight
     assert all(b.attention.fused for b in model.layers)
     n = num_parameters(model)
     assert n == count_parameters(SMOLLM2_135M).total == 134_515_008
     s = SMOLLM2_135M
-    assert (s.num_hidden_layers, s.hidden_size, s.num_attention_heads,
-            s.num_key_value_heads, s.intermediate_size, s.vocab_size,
-            s.rope_theta) == \
-        (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.d_ff,
-         c.vocab_size, c.rope_base)
+    fields = ("num_hidden_layers", "hidden_size", "num_attention_heads",
+              "num_key_value_heads", "intermediate_size", "vocab_size",
+              "rope_theta")
+    assert [getattr(s, f) for f in fields] == [getattr(c, f) for f in fields]
     assert all(p.device.type == "cpu" and p.dtype == torch.float32
                for p in model.parameters())
 
@@ -239,8 +244,10 @@ def test_column_major_layout_is_the_same_model(smollm2):
     ids = torch.tensor(tok.encode("Memory layout changes speed, not"))
     with torch.no_grad():
         assert (model(ids[None]) - rows(ids[None])).abs().max() < 1e-4
-    assert torch.equal(generate(model, ids, 8, temperature=0.0),
-                       generate(rows, ids, 8, temperature=0.0))
+    assert torch.equal(generate(model, ids, 8, use_cache=True,
+                                temperature=0.0),
+                       generate(rows, ids, 8, use_cache=True,
+                                temperature=0.0))
 
 
 TEXT = ("The history of the printing press begins in the fifteenth "
@@ -269,17 +276,17 @@ def test_right_rope_convention_is_fluent_wrong_one_is_not(smollm2):
     ppl_hf, ppl_gg = perplexity(model, ids), perplexity(gg, ids)
     assert ppl_hf < 25 and abs(ppl_hf - ppl_gg) < 1e-3 * ppl_hf
     # rows of one layout, pairs of the other (measured: about 4x worse)
-    wrong, _ = smollm2_lib.load_smollm2(rope="gguf", rope_interleaved=False)
-    assert [b.attention.rope.interleaved for b in wrong.layers] == [False] * 30
+    wrong, _ = smollm2_lib.load_smollm2(rope="gguf", rope_interleave=False)
+    assert [b.attention.rope.interleave for b in wrong.layers] == [False] * 30
     assert perplexity(wrong, ids) > 3 * ppl_hf
     del wrong
     try:                  # HF rows, interleaved pairs: flip the pairing
         for b in model.layers:
-            b.attention.rope.interleaved = True
+            b.attention.rope.interleave = True
         assert perplexity(model, ids) > 3 * ppl_hf
     finally:
         for b in model.layers:
-            b.attention.rope.interleaved = False
+            b.attention.rope.interleave = False
 
 
 @needs_weights

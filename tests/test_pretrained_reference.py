@@ -11,7 +11,7 @@ import regex
 import torch
 
 from smollm2_support import needs_weights
-from course_lib.generation.decoding import generate
+from course_lib.generation.sampling import generate
 from test_tokenizer import CORPUS
 
 pytest.importorskip("transformers")

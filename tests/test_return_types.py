@@ -98,8 +98,9 @@ def test_decoder_layer_pair():
 def test_transformer_pairs():
     torch.manual_seed(0)
     tr = Transformer(TransformerConfig(
-        src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2,
-        d_ff=32, n_layers=2, max_len=12)).eval()
+        src_vocab_size=20, tgt_vocab_size=20, hidden_size=16,
+        num_attention_heads=2, intermediate_size=32, num_hidden_layers=2,
+        max_position_embeddings=12)).eval()
     src, tgt = torch.randint(3, 20, (2, 6)), torch.randint(3, 20, (2, 4))
     plain = tr(src, tgt, src_lengths=[6, 4])
     logits, weights = tr.forward_with_weights(src, tgt, src_lengths=[6, 4])
@@ -134,8 +135,8 @@ def test_moe_pair_and_its_loop_reference(capacity_factor):
 
 def test_blocks_and_decoder_lm_return_tensors_dense_and_moe():
     torch.manual_seed(0)
-    cfg = DecoderLMConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2,
-                          max_len=16)
+    cfg = DecoderLMConfig(vocab_size=11, hidden_size=16, num_attention_heads=2,
+                          num_hidden_layers=2, max_position_embeddings=16)
     idx = torch.randint(0, 11, (2, 6))
     dense = DecoderLM(cfg).eval()
     moe = DecoderLM(cfg, ffn_factory=lambda i: SwiGLU(16, 32) if i == 0
@@ -154,8 +155,8 @@ def test_blocks_and_decoder_lm_return_tensors_dense_and_moe():
 
 def test_attention_maps_returns_maps_and_the_models_logits():
     torch.manual_seed(0)
-    cfg = DecoderLMConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=2,
-                          max_len=16)
+    cfg = DecoderLMConfig(vocab_size=11, hidden_size=16, num_attention_heads=2,
+                          num_hidden_layers=2, max_position_embeddings=16)
     model = DecoderLM(cfg).eval()
     idx = torch.randint(0, 11, (1, 5))
     maps, logits = attention_maps(model, idx)
@@ -166,8 +167,8 @@ def test_attention_maps_returns_maps_and_the_models_logits():
 def test_attention_maps_rejects_attention_without_weights():
     # MLA blocks have no forward_with_weights: a clear ValueError, not an
     # AttributeError from inside the loop.
-    cfg = DecoderLMConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1,
-                          max_len=16)
+    cfg = DecoderLMConfig(vocab_size=11, hidden_size=16, num_attention_heads=2,
+                          num_hidden_layers=1, max_position_embeddings=16)
     model = DecoderLM(cfg)
     mla = MLAConfig(hidden_size=16, num_attention_heads=2, q_lora_rank=8,
                     kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4,

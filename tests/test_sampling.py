@@ -290,7 +290,8 @@ class Bigram(torch.nn.Module):
         self.register_buffer("table", table)                 # (V, V)
         self.seen_lengths: list[int] = []
         if max_len is not None:
-            self.config = type("Cfg", (), {"max_len": max_len})()
+            self.config = type(
+                "Cfg", (), {"max_position_embeddings": max_len})()
 
     def forward(self, idx):
         self.seen_lengths.append(idx.shape[1])

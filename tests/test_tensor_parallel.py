@@ -91,7 +91,7 @@ def test_sum_of_row_shards_is_the_full_layer_without_a_group():
                                      world_size=4),
      "world_size=4 must divide n_heads"),
     (lambda: TensorParallelSwiGLU(SwiGLU(8, 10), rank=0, world_size=4),
-     "world_size=4 must divide the ffn's d_hidden, got d_hidden=10"),
+     "world_size=4 must divide the ffn's d_ff, got d_ff=10"),
     (lambda: ColumnParallelLinear(nn.Linear(4, 6), rank=0, world_size=4),
      "world_size=4 must divide linear's out_features, got out_features=6"),
     (lambda: RowParallelLinear(nn.Linear(6, 4), rank=0, world_size=4),

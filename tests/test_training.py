@@ -364,8 +364,10 @@ def _resume_setup():
 
     def new_model(init_seed):
         torch.manual_seed(init_seed)
-        return DecoderLM(DecoderLMConfig(vocab_size=16, d_model=32,
-                                         n_heads=4, n_layers=2, max_len=16,
+        return DecoderLM(DecoderLMConfig(vocab_size=16, hidden_size=32,
+                                         num_attention_heads=4,
+                                         num_hidden_layers=2,
+                                         max_position_embeddings=16,
                                          dropout=0.1))
 
     def data():
@@ -535,6 +537,7 @@ def test_chapter7_translation_recipe_resumes_bit_for_bit(tmp_path, first,
 # ---- found by mutation testing: details a mutant could change unseen
 # Tests added because a mutant of course_lib.training survived the ones
 # above (benchmarks/mutation.md, "training survivors and why").
+# (The messages in full: tests/pins/test_training_messages.py.)
 def test_history_counts_the_last_tensor_of_any_batch():
     # Counted by hand: the last element of a tuple batch if it is a
     # tensor (3 of 4 targets of tgt_out count; tgt_in has none ignored),
@@ -599,40 +602,21 @@ def test_read_state_file_loads_safely_on_the_cpu(tmp_path, monkeypatch):
     assert calls == [{"map_location": "cpu", "weights_only": True}]
 
 
-def test_training_messages_in_full(tmp_path):
-    import re
+def test_training_functions_refuse_bad_arguments(tmp_path):
+    # (the messages in full: tests/pins/test_training_messages.py)
     model = Bigram()
-    missing = tmp_path / "missing.pt"
-    with pytest.raises(ValueError, match=r"^path must be an existing "
-                       r"checkpoint file, got '" + re.escape(str(missing)) + "'$"):
-        training.read_state_file(missing, "checkpoint file")
-    training.save_checkpoint(tmp_path / "m.pt", model, None, 0)
-    with pytest.raises(ValueError, match=r"^optimizer given, but '"
-                       + re.escape(str(tmp_path / "m.pt")) + r"' holds no "
-                       r"optimizer state$"):
-        training.load_checkpoint(tmp_path / "m.pt", model,
-                          training.make_optimizer(model, lr=1e-3))
-    with pytest.raises(ValueError, match=r"^warmup_steps must be >= 0, got "
-                       r"-1$"):
+    with pytest.raises(ValueError, match="existing checkpoint file"):
+        training.read_state_file(tmp_path / "missing.pt", "checkpoint file")
+    with pytest.raises(ValueError, match="warmup_steps"):
         training.lr_multiplier(0, warmup_steps=-1, total_steps=3)
-    with pytest.raises(TypeError, match=r"^model must be a torch.nn.Module,"
-                       r" got str$"):
+    with pytest.raises(TypeError, match="model"):
         training.make_optimizer("model", lr=1e-3)
-    with pytest.raises(TypeError, match=r"^weight_decay must be a real "
-                       r"number, got str '0.1'$"):
+    with pytest.raises(TypeError, match="weight_decay"):
         training.make_optimizer(model, lr=1e-3, weight_decay="0.1")
-    with pytest.raises(TypeError, match=r"^batch must be a tuple \(inputs, "
-                       r"targets\) of tensors, got str$"):
+    with pytest.raises(TypeError, match="batch"):
         training.next_token_loss(model, "batch")
-    with pytest.raises(TypeError, match=r"^batch's targets must be a "
-                       r"torch.Tensor, got list$"):
+    with pytest.raises(TypeError, match="batch's targets"):
         training.next_token_loss(model, (torch.zeros(1, 2, dtype=torch.long),
                                   [1, 2]))
-    with pytest.raises(TypeError, match=r"^batch's inputs must be a "
-                       r"torch.Tensor, got list$"):
+    with pytest.raises(TypeError, match="batch's inputs"):
         training.next_token_loss(model, ([1, 2], torch.zeros(1, 2)))
-    with pytest.raises(ValueError, match=r"^targets must hold at least one "
-                       r"target that is not IGNORE \(a mean over no tokens "
-                       r"is NaN\)$"):
-        training.next_token_loss(model, (torch.zeros(1, 2, dtype=torch.long),
-                                  torch.full((1, 2), training.IGNORE)))

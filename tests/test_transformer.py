@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from course_lib.model.masks import causal_mask
-from course_lib.model.block import num_parameters
+from course_lib.sizing.params import num_parameters
 from course_lib.model.transformer import (Transformer, TransformerConfig,
                                           greedy_decode,
                                           transformer_param_count)
@@ -36,16 +36,17 @@ def test_base_transformer_count():
     assert n == transformer_param_count(cfg) == 63_082_496
     assert abs(n - 65e6) / 65e6 < 0.04           # the paper's "65M"
     untied = TransformerConfig(share_src_tgt_embeddings=False,
-                               tie_embeddings=False)
+                               tie_word_embeddings=False)
     assert transformer_param_count(untied) - n == 2 * 37000 * 512
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(tie_embeddings=False),
+@pytest.mark.parametrize("kw", [dict(), dict(tie_word_embeddings=False),
                                 dict(share_src_tgt_embeddings=False)])
 def test_transformer_count_formula(kw):
     cfg = TransformerConfig(src_vocab_size=30, tgt_vocab_size=30,
-                            d_model=32, n_heads=4, d_ff=64, n_layers=2,
-                            max_len=40, **kw)
+                            hidden_size=32, num_attention_heads=4,
+                            intermediate_size=64, num_hidden_layers=2,
+                            max_position_embeddings=40, **kw)
     assert num_parameters(Transformer(cfg)) == transformer_param_count(cfg)
 
 
@@ -74,7 +75,7 @@ def test_transformer_matches_torch_layers():
             y = layer(y, h, tgt_mask=~causal_mask(5))
         expected = y @ E.T
         assert torch.allclose(tr(src, tgt), expected, atol=1e-4)
-    assert c.d_model == 32
+    assert c.hidden_size == 32
 
 
 def test_transformer_padding_does_not_leak():
@@ -176,8 +177,10 @@ def test_greedy_decode_stops_at_eos():
 
 # ------------------------------------------------------------- bad input
 def test_transformer_init_is_reproducible_with_separate_embeddings():
-    cfg = TransformerConfig(src_vocab_size=11, tgt_vocab_size=13, d_model=16,
-                            n_heads=2, d_ff=32, n_layers=1, max_len=8,
+    cfg = TransformerConfig(src_vocab_size=11, tgt_vocab_size=13,
+                            hidden_size=16, num_attention_heads=2,
+                            intermediate_size=32, num_hidden_layers=1,
+                            max_position_embeddings=8,
                             share_src_tgt_embeddings=False)
     states = []
     for _ in range(4):
@@ -205,11 +208,14 @@ def test_one_length_for_a_batch_is_an_error_not_a_broadcast():
 
 
 # ------------------------------------------------- checks at construction
-@pytest.mark.parametrize("field", ["max_len", "n_layers"])
+@pytest.mark.parametrize("field", ["max_position_embeddings",
+                                   "num_hidden_layers"])
 def test_transformer_checks_its_size_before_building(field):
     config = TransformerConfig(src_vocab_size=11, tgt_vocab_size=11,
-                               d_model=16, n_heads=2, d_ff=32,
-                               **{field: 10**9 if field == "max_len"
+                               hidden_size=16, num_attention_heads=2,
+                               intermediate_size=32,
+                               **{field: 10**9
+                                  if field == "max_position_embeddings"
                                   else 10**6})
     with pytest.raises(ValueError, match=field):
         Transformer(config)
@@ -222,5 +228,5 @@ def test_transformer_layers_reject_bad_flags_and_a_missing_memory():
     for layer in (EncoderLayer, DecoderLayer):
         with pytest.raises(TypeError, match="dropout"):
             layer(8, 2, 16, dropout=True)
-    with pytest.raises(TypeError, match="tie_embeddings"):
-        TransformerConfig(tie_embeddings="False")
+    with pytest.raises(TypeError, match="tie_word_embeddings"):
+        TransformerConfig(tie_word_embeddings="False")

@@ -110,8 +110,9 @@ def test_seq2seq_loss_ignores_padding():
     from course_lib.model.transformer import Transformer, TransformerConfig
     task = translation_task.make_translation_task()
     model = Transformer(TransformerConfig(
-        src_vocab_size=19, tgt_vocab_size=19, d_model=16, n_heads=2,
-        d_ff=32, n_layers=1, dropout=0.0, max_len=16,
+        src_vocab_size=19, tgt_vocab_size=19, hidden_size=16,
+        num_attention_heads=2, intermediate_size=32, num_hidden_layers=1,
+        dropout=0.0, max_position_embeddings=16,
         share_src_tgt_embeddings=False)).eval()
     src, tgt_in, tgt_out = translation_task.collate_translation(task, task.train[:8])
     loss = translation_task.seq2seq_loss(model, (src, tgt_in, tgt_out))

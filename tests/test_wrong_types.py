@@ -27,7 +27,7 @@ SLOW = {"time_recurrence_vs_attention"}     # accepts lists, then times
 # it does not check again. They are public (chapters and other modules
 # use them) but not entry points.
 INNER = {"split_heads", "merge_heads", "repeat_kv", "apply_rope",
-         "rope_cos_sin"}
+         "rope_cos_sin", "attend", "fused_attend"}
 
 
 def public_callables():
@@ -108,7 +108,7 @@ def test_check_bool_rejects_ints_and_strings():
 
 def test_examples_name_the_argument():
     from course_lib.model.decoder_lm import DecoderLM, decoder_lm_param_count
-    from course_lib.model.block import num_parameters
+    from course_lib.sizing.params import num_parameters
     from course_lib.model.mha import MultiHeadAttention
     with pytest.raises(TypeError, match="config must be a DecoderLMConfig"):
         DecoderLM({"vocab_size": 10})

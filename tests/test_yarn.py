@@ -81,15 +81,15 @@ def test_factor_one_is_plain_rope():
     assert torch.allclose(w, frequencies(64), rtol=1e-15)
 
 
-@pytest.mark.parametrize("interleaved", [True, False])
-def test_yarn_rope_with_plain_frequencies_is_apply_rope(interleaved):
+@pytest.mark.parametrize("interleave", [True, False])
+def test_yarn_rope_with_plain_frequencies_is_apply_rope(interleave):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 7, 16)
     pos = torch.arange(7) + 90_000
-    got = yarn_rope(x, pos, frequencies(16), interleaved=interleaved)
-    want = apply_rope(x, pos, interleaved=interleaved)
+    got = yarn_rope(x, pos, frequencies(16), interleave=interleave)
+    want = apply_rope(x, pos, interleave=interleave)
     assert torch.allclose(got, want, atol=1e-6)
-    scaled = yarn_rope(x, pos, frequencies(16), interleaved=interleaved,
+    scaled = yarn_rope(x, pos, frequencies(16), interleave=interleave,
                        rope_factor=1.5)
     assert torch.allclose(scaled, 1.5 * want, atol=1e-5)
 
@@ -151,8 +151,8 @@ def test_bad_inputs():
 def test_yarn_rope_rejects_string_flags_and_bad_factors():
     w = frequencies(8)
     x, pos = torch.randn(3, 8), torch.arange(3)
-    with pytest.raises(TypeError, match="interleaved"):
-        yarn_rope(x, pos, w, interleaved="False")
+    with pytest.raises(TypeError, match="interleave"):
+        yarn_rope(x, pos, w, interleave="False")
     with pytest.raises(TypeError, match="positions"):
         yarn_rope(x, None, w)
     for bad in (0.0, -1.0, float("nan"), float("inf"), -float("inf")):

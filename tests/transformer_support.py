@@ -5,6 +5,7 @@ from course_lib.model.transformer import Transformer, TransformerConfig
 
 
 def tiny_transformer(**kw):
-    cfg = dict(src_vocab_size=30, tgt_vocab_size=30, d_model=32, n_heads=4,
-               d_ff=64, n_layers=2, max_len=40)
+    cfg = dict(src_vocab_size=30, tgt_vocab_size=30, hidden_size=32,
+               num_attention_heads=4, intermediate_size=64,
+               num_hidden_layers=2, max_position_embeddings=40)
     return Transformer(TransformerConfig(**{**cfg, **kw}))

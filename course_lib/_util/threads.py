@@ -20,8 +20,8 @@ quiet and 1,243 s with one core busy. The numbers of this fix are in
 :func:`small_ops` runs a block (or a function) on one thread and restores
 the previous count afterwards, so large ops elsewhere keep all cores. The
 course uses it around its loops of small ops: token-by-token generation
-(``sampling.generate``, ``decoding.generate`` and so
-``decoding.decode_throughput``, ``transformer.greedy_decode``), the RNN's
+(``sampling.generate``, and so ``decoding.decode_throughput``;
+``transformer.greedy_decode``), the RNN's
 steps in ``rnn.time_recurrence_vs_attention`` and the one training loop
 of its small models (``training.train``, which chapter 1's
 ``recall.train_recall`` and chapter 5's ``head_analysis.train_induction``

@@ -13,7 +13,7 @@ from numbers import Integral, Real
 import torch
 
 __all__ = ["check_type", "check_attrs", "check_batch", "check_bool",
-           "check_int", "check_real", "check_dropout", "check_top_k",
+           "check_int", "check_sizes", "check_real", "check_dropout", "check_top_k",
            "check_lengths", "check_bool_mask", "check_ids", "check_token_ids",
            "config_field", "broadcasts_to", "check_even", "check_choice",
            "check_divides", "check_shape", "check_attention_inputs",
@@ -76,6 +76,14 @@ def check_int(name: str, value, *, minimum: int,
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum:,}, got {value:,}")
+
+
+def check_sizes(**sizes) -> None:
+    """Every keyword argument must be a size: an int (not a bool) >= 1,
+    e.g. ``check_sizes(d_model=d_model, d_ff=d_ff)``; the error names the
+    first one that is not."""
+    for name, value in sizes.items():
+        check_int(name, value, minimum=1)
 
 
 def check_real(name: str, value, *, positive: bool = False,
@@ -149,9 +157,10 @@ def check_ids(name: str, ids) -> None:
                          f"T >= 1, got {tuple(ids.shape)}")
 
 
-def check_token_ids(name: str, ids, vocab: int, max_len: int) -> None:
+def check_token_ids(name: str, ids, vocab: int,
+                    max_position_embeddings: int) -> None:
     """``ids`` must be an integer tensor (B, T) of ids in [0, vocab) with
-    T <= max_len."""
+    T <= the config's ``max_position_embeddings``."""
     if not isinstance(ids, torch.Tensor) \
             or ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must be an int64 tensor (B, T), got "
@@ -159,9 +168,10 @@ def check_token_ids(name: str, ids, vocab: int, max_len: int) -> None:
     if ids.dim() != 2:
         raise ValueError(f"{name} must have shape (B, T), got "
                          f"{tuple(ids.shape)}")
-    if ids.shape[1] > max_len:
+    if ids.shape[1] > max_position_embeddings:
         raise ValueError(f"{name} has length {ids.shape[1]}, more than "
-                         f"max_len={max_len}")
+                         f"max_position_embeddings="
+                         f"{max_position_embeddings}")
     if ids.numel() and (ids.min() < 0 or ids.max() >= vocab):
         raise ValueError(f"{name} must hold ids in [0, {vocab}), got "
                          f"[{ids.min().item()}, {ids.max().item()}]")

@@ -166,7 +166,7 @@ class TensorParallelSwiGLU(nn.Module):
     parameters, and the block needs one all-reduce of $B T D$ numbers.
 
     Args:
-        ffn: the single-process SwiGLU ($W$ divides its ``d_hidden``).
+        ffn: the single-process SwiGLU ($W$ divides its ``d_ff``).
         group: process group (default: the world).
         rank, world_size: build for these instead of the group's.
 
@@ -178,12 +178,12 @@ class TensorParallelSwiGLU(nn.Module):
         super().__init__()
         check_type("ffn", ffn, SwiGLU, "a course_lib SwiGLU")
         rank, world_size = resolve_rank_and_size(group, rank, world_size)
-        if ffn.d_hidden % world_size:
+        if ffn.d_ff % world_size:
             raise ValueError(f"world_size={world_size} must divide the "
-                             f"ffn's d_hidden, got d_hidden={ffn.d_hidden}")
+                             f"ffn's d_ff, got d_ff={ffn.d_ff}")
         kw = dict(group=group, rank=rank, world_size=world_size)
         self.group, self.rank, self.world_size = group, rank, world_size
-        self.d_model, self.d_hidden = ffn.d_model, ffn.d_hidden // world_size
+        self.d_model, self.d_ff = ffn.d_model, ffn.d_ff // world_size
         self.gate_proj = ColumnParallelLinear(ffn.gate_proj, copy_input=False,
                                               **kw)          # W_{g,r}
         self.up_proj = ColumnParallelLinear(ffn.up_proj, copy_input=False,

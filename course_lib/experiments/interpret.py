@@ -49,7 +49,7 @@ def attention_maps(model: DecoderLM, idx: torch.Tensor
         raise ValueError(f"model must be a DecoderLM with MultiHeadAttention "
                          f"blocks, got {type(model).__name__}")
     c = model.config
-    check_token_ids("idx", idx, c.vocab_size, c.max_len)
+    check_token_ids("idx", idx, c.vocab_size, c.max_position_embeddings)
     T = idx.shape[1]
     positions = torch.arange(T, device=idx.device)           # (T,)
     x = model.embed_tokens(idx)                              # (B, T, D)

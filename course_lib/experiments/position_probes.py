@@ -162,8 +162,10 @@ def self_attention(x: torch.Tensor, *, w_q: torch.Tensor,
     if positions is not None:
         # After the projection: a rotation applied to x would be mixed
         # away by W^Q and W^K and the scores would not stay relative.
-        q = apply_rope(q, positions, base=base)                # (..., T, d_k)
-        k = apply_rope(k, positions, base=base)                # (..., T, d_k)
+        q = apply_rope(q, positions, base=base,
+                       interleave=True)                        # (..., T, d_k)
+        k = apply_rope(k, positions, base=base,
+                       interleave=True)                        # (..., T, d_k)
     # scores = Q K^T / sqrt(d_k)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, T)
     return torch.softmax(scores, dim=-1) @ v                   # (..., T, d_v)

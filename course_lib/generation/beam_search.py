@@ -93,8 +93,9 @@ def beam_search(model: torch.nn.Module, prompt_ids: torch.Tensor, *,
         length_penalty: $\alpha \ge 0$ of
             $\mathrm{lp} = ((5 + n)/6)^\alpha$.
         eos_id: ``None`` or the id of the end token.
-        max_len: context window; default ``model.config.max_len`` if the
-            model has one, else no cropping.
+        max_len: context window; default the model's
+            ``config.max_position_embeddings`` if it has one, else no
+            cropping.
 
     Returns:
         at most $W$ :class:`Beam` s, ``(ids, log_prob, score)``, sorted by

@@ -15,7 +15,7 @@ next token. This module decides how a token is drawn from it:
 * :func:`sample_next` draws one token per row (greedy argmax at
   $\tau = 0$);
 * :func:`generate` runs a model autoregressively, recomputing the whole
-  prefix at every step (chapter 9 adds the KV cache);
+  prefix at every step or (chapter 9) with a KV cache;
 * :func:`sequence_log_prob` scores continuations under a model;
 * beam search (:mod:`course_lib.generation.beam_search`) searches for
   likely sequences instead of sampling.
@@ -26,12 +26,16 @@ Shape letters: B batch, T sequence length, V vocabulary size,
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from .._util.threads import small_ops
-from .._util.validation import check_ids, check_int, check_real
+from .._util.validation import check_bool, check_ids, check_int, check_real
+
+if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
+    from ..model.kv_cache import KVCache
 
 __all__ = ["check_sampling_args", "sampling_distribution", "sample_next",
            "generate", "sequence_log_prob", "apply_temperature",
@@ -145,10 +149,11 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 1.0,
 
 def context_window(model, max_len: int | None) -> int | None:
     """How many of the last tokens a decoding loop feeds the model:
-    ``max_len`` if given, else the model's ``config.max_len``, else all
-    (``None``)."""
+    ``max_len`` if given, else the model's
+    ``config.max_position_embeddings``, else all (``None``)."""
     if max_len is None:
-        max_len = getattr(getattr(model, "config", None), "max_len", None)
+        max_len = getattr(getattr(model, "config", None),
+                          "max_position_embeddings", None)
     if max_len is not None:
         check_int("max_len", max_len, minimum=1)
     return max_len
@@ -173,27 +178,52 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
              top_k: int | None = None, top_p: float | None = None,
              min_p: float | None = None,
              generator: torch.Generator | None = None,
-             max_len: int | None = None) -> torch.Tensor:
+             max_len: int | None = None, use_cache: bool = False,
+             cache: KVCache | None = None) -> torch.Tensor:
     r"""Extend a prompt token by token with :func:`sample_next`.
 
-    At every step the model reads the whole sequence so far (cropped to its
-    last ``max_len`` tokens, the longest context it has positions for) and
-    the logits of the last position give the next token:
+    The logits of the last position give the next token, which is
+    appended to the sequence:
 
     $$x_{t+1} \sim \mathrm{sample}\big(\mathrm{model}(x_{\le t})_t\big).$$
 
-    Nothing is cached, so step $t$ recomputes attention over all earlier
-    tokens; chapter 9 keeps their keys and values instead. The model is put
-    in eval mode (no dropout) for the call and restored afterwards.
+    Without a cache (``use_cache=False``, chapter 8) every step runs the
+    model on the whole sequence so far, cropped to its last ``max_len``
+    tokens (the longest context it has positions for), so step $t$
+    recomputes attention over all earlier tokens. With a KV cache
+    (``use_cache=True``, chapter 9) a first call, the *prefill*, reads
+    the prompt and stores every layer's keys and values; each later call
+    feeds only the newest token, whose query attends to the cached keys.
+    The two paths draw every token from the same logits (up to float
+    rounding) in the same order. A cache cannot slide, so
+    ``cache.seq_len + T0 + max_new_tokens`` must fit in the model's
+    ``config.max_position_embeddings``; the last token is returned but
+    never fed, so afterwards the cache holds every position but that one.
+
+    Prefix reuse: pass a ``cache`` that already holds a prefix (e.g. a
+    system prompt, prefilled with
+    :func:`~course_lib.generation.decoding.prefill` and forked);
+    ``prompt_ids`` are then the tokens after the prefix and the result
+    does not repeat it. The cache is extended in place.
+
+    The model is put in eval mode (no dropout) for the call and restored
+    afterwards.
 
     Args:
-        model: maps ``(B, T)`` token ids to ``(B, T, V)`` logits.
+        model: maps ``(B, T)`` token ids to ``(B, T, V)`` logits; with
+            the cache it must accept ``cache=`` and have a ``config``
+            (a :class:`~course_lib.model.decoder_lm.DecoderLM`).
         prompt_ids: ``(T0,)`` or ``(B, T0)`` integer ids, ``T0 >= 1``.
         max_new_tokens: number of tokens to append, an int $\ge 0$.
         temperature, top_k, top_p, min_p, generator: as in
             :func:`sample_next`.
-        max_len: context window; default ``model.config.max_len`` if the
-            model has one, else no cropping.
+        max_len: context window without a cache; default the model's
+            ``config.max_position_embeddings`` if it has one, else no
+            cropping.
+        use_cache: prefill, then one token per call (True), or the whole
+            context at every step (False).
+        cache: a :class:`~course_lib.model.kv_cache.KVCache` holding a
+            prefix (``use_cache=True`` only); default a new empty one.
 
     Returns:
         ``(T0 + max_new_tokens,)`` or ``(B, T0 + max_new_tokens)`` ids:
@@ -202,24 +232,78 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     check_ids("prompt_ids", prompt_ids)
     check_int("max_new_tokens", max_new_tokens, minimum=0)
     check_sampling_args(temperature, top_k, top_p, min_p)
-    window = context_window(model, max_len)
+    check_bool("use_cache", use_cache)
     idx = prompt_ids.reshape(-1, prompt_ids.shape[-1]).long()  # (B, T0)
+    if use_cache:
+        cache = _check_cache(model, idx, max_new_tokens, max_len, cache)
+    elif cache is not None:
+        raise ValueError("cache must be None when use_cache=False, got a "
+                         f"{type(cache).__name__}")
+    window = None if use_cache else context_window(model, max_len)
+    if max_new_tokens == 0:
+        return idx.reshape(*prompt_ids.shape[:-1], -1).clone()
     # eval mode (no dropout) for the call, restored afterwards
     was_training = getattr(model, "training", None)
     if isinstance(model, torch.nn.Module):
         model.eval()
     try:
-        for _ in range(max_new_tokens):
-            context = idx if window is None else idx[:, -window:]  # (B, T')
-            logits = model_logits(model, context)            # (B, T', V)
+        if use_cache:       # prefill: the whole prompt, keys/values cached
+            logits = model(idx, cache=cache)                 # (B, T0, V)
+        else:
+            logits = model_logits(model, idx if window is None
+                                  else idx[:, -window:])     # (B, T', V)
+        for step in range(max_new_tokens):
             nxt = sample_next(logits[:, -1, :], temperature=temperature,
                               top_k=top_k, top_p=top_p, min_p=min_p,
                               generator=generator)           # (B,)
             idx = torch.cat([idx, nxt[:, None]], dim=1)      # (B, T + 1)
+            if step + 1 == max_new_tokens:
+                break
+            if use_cache:   # decode: only the newest token is fed
+                logits = model(nxt[:, None], cache=cache)    # (B, 1, V)
+            else:           # the whole (cropped) sequence again
+                logits = model_logits(model, idx if window is None
+                                      else idx[:, -window:])
     finally:
         if isinstance(model, torch.nn.Module):
             model.train(was_training)
     return idx.reshape(*prompt_ids.shape[:-1], -1)
+
+
+def _check_cache(model, idx: torch.Tensor, max_new_tokens: int,
+                 max_len, cache):
+    """The cache generate(use_cache=True) extends: ``cache`` or a new one
+    for the model's layers, checked to hold the whole sequence."""
+    from ..model.kv_cache import KVCache     # chapter 9's module
+    if max_len is not None:
+        raise ValueError("max_len must be None when use_cache=True: a KV "
+                         "cache cannot crop its window")
+    config = getattr(model, "config", None)
+    if not all(hasattr(config, a) for a in ("num_hidden_layers",
+                                            "max_position_embeddings")):
+        raise ValueError(
+            f"model must have a config with num_hidden_layers and "
+            f"max_position_embeddings (e.g. a DecoderLM) to use a cache, "
+            f"got {type(model).__name__}")
+    if cache is None:
+        cache = KVCache(config.num_hidden_layers,
+                        max_len=config.max_position_embeddings)
+    elif not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a KVCache or None, got "
+                        f"{type(cache).__name__}")
+    past, (B, T0) = cache.seq_len, idx.shape
+    total = past + T0 + max_new_tokens
+    if total > config.max_position_embeddings:
+        raise ValueError(
+            f"the sequence would be {total} tokens ({past} cached + {T0} "
+            f"prompt + max_new_tokens={max_new_tokens}), more than "
+            f"max_position_embeddings={config.max_position_embeddings}; a "
+            f"KV cache cannot slide its window (use use_cache=False to "
+            f"crop the context)")
+    if past and cache[0].batch_size != B:
+        raise ValueError(f"prompt_ids has batch size {B} but the cache "
+                         f"holds batch size {cache[0].batch_size}")
+    return cache
 
 
 @torch.no_grad()

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from .._util.validation import check_attention_inputs, check_bool
 
-__all__ = ["scaled_dot_product_attention", "fused_attention"]
+__all__ = ["scaled_dot_product_attention", "attend", "fused_attention",
+           "fused_attend"]
 
 
 # ------------------------------------------------------------ attention
@@ -53,6 +54,18 @@ def scaled_dot_product_attention(
         $A$ (..., Lq, Lk).
     """
     scale = check_attention_inputs(q, k, v, mask, scale)
+    return attend(q, k, v, mask, scale)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           mask: torch.Tensor | None, scale: float
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The computation of :func:`scaled_dot_product_attention`, for
+    callers that have validated its arguments (a
+    :class:`~course_lib.model.mha.MultiHeadAttention` checks its inputs
+    once per call, then runs this in every head at once): ``(out,
+    weights)`` = $(AV, A)$ with $A = \mathrm{softmax}(QK^\top s + M)$.
+    """
     # A row with no allowed key: let it attend everywhere (finite softmax,
     # finite gradients) and zero it afterwards.
     has_key = None if mask is None else mask.any(dim=-1, keepdim=True)
@@ -95,6 +108,15 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     check_bool("enable_gqa", enable_gqa)
     scale = check_attention_inputs(q, k, v, mask, scale, gqa=enable_gqa)
+    return fused_attend(q, k, v, mask, scale, enable_gqa)
+
+
+def fused_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 mask: torch.Tensor | None, scale: float,
+                 enable_gqa: bool) -> torch.Tensor:
+    """The computation of :func:`fused_attention`, for callers that have
+    validated its arguments (as :func:`attend` for the explicit path).
+    """
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, scale=scale,
                                               enable_gqa=enable_gqa)

@@ -41,6 +41,7 @@ from .._util.validation import (
     check_dropout,
     check_int,
     check_real,
+    check_sizes,
     check_type,
 )
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
 
 __all__ = ["ffn_param_count", "swiglu_param_count", "llama_hidden_dim",
-           "FeedForward", "SwiGLU", "RMSNorm", "make_norm", "num_parameters",
+           "FeedForward", "SwiGLU", "RMSNorm", "make_norm",
            "DecoderBlock"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -60,19 +61,19 @@ def ffn_param_count(*, d_model: int, d_ff: int, bias: bool = True) -> int:
     r"""Parameters of :class:`FeedForward`: $2Dd_{ff} + [\text{bias}]
     (d_{ff} + D)$; 2,099,712 for the paper's $D = 512$, $d_{ff} = 2048$.
     """
-    check_int("d_model", d_model, minimum=1)
-    check_int("d_ff", d_ff, minimum=1)
+    check_sizes(d_model=d_model, d_ff=d_ff)
     check_bool("bias", bias)
     return 2 * d_model * d_ff + (d_ff + d_model if bias else 0)
 
 
-def swiglu_param_count(*, d_model: int, d_hidden: int) -> int:
-    r"""Parameters of :class:`SwiGLU`: three bias-free matrices,
-    $3 D d_{ff}$.
+def swiglu_param_count(*, d_model: int, d_ff: int,
+                       bias: bool = False) -> int:
+    r"""Parameters of :class:`SwiGLU`: three matrices, $3 D d_{ff}$, and
+    with biases $2 d_{ff} + D$ more.
     """
-    check_int("d_model", d_model, minimum=1)
-    check_int("d_hidden", d_hidden, minimum=1)
-    return 3 * d_model * d_hidden
+    check_sizes(d_model=d_model, d_ff=d_ff)
+    check_bool("bias", bias)
+    return 3 * d_model * d_ff + (2 * d_ff + d_model if bias else 0)
 
 
 def llama_hidden_dim(d_model: int, *, multiple_of: int = 256) -> int:
@@ -82,8 +83,7 @@ def llama_hidden_dim(d_model: int, *, multiple_of: int = 256) -> int:
     ``int`` of that and rounds up to a multiple of ``multiple_of``
     (hardware-friendly matrix shapes): $D = 4096 \to 11008$.
     """
-    check_int("d_model", d_model, minimum=1)
-    check_int("multiple_of", multiple_of, minimum=1)
+    check_sizes(d_model=d_model, multiple_of=multiple_of)
     hidden = int(2 * (4 * d_model) / 3)                   # 8D/3, truncated
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
@@ -106,8 +106,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu",
                  bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
-        check_int("d_model", d_model, minimum=1)
-        check_int("d_ff", d_ff, minimum=1)
+        check_sizes(d_model=d_model, d_ff=d_ff)
         check_alloc("d_model * d_ff", d_model * d_ff)
         check_dropout("dropout", dropout)
         check_choice("activation", activation, sorted(_ACTIVATIONS))
@@ -133,23 +132,26 @@ class SwiGLU(nn.Module):
 
     $\mathrm{SiLU}(z) = z\,\sigma(z)$. The *gate* branch decides, per
     hidden unit, how much of the *up* branch passes. Three $D \times
-    d_{ff}$ matrices and no biases: $3Dd_{ff}$ parameters. Names follow
-    the Llama checkpoints (``gate_proj``, ``up_proj``, ``down_proj``).
+    d_{ff}$ matrices: $3Dd_{ff}$ parameters. Names follow the Llama
+    checkpoints (``gate_proj``, ``up_proj``, ``down_proj``); Llama has no
+    biases, and Hugging Face's ``mlp_bias`` adds one to each matrix.
 
     Args:
-        d_model: model width $D$. d_hidden: hidden width $d_{ff}$
-            (see :func:`llama_hidden_dim`).
+        d_model: model width $D$. d_ff: hidden width $d_{ff}$
+            (see :func:`llama_hidden_dim`). bias: biases on the three
+            projections.
     """
 
-    def __init__(self, d_model: int, d_hidden: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, *,
+                 bias: bool = False) -> None:
         super().__init__()
-        check_int("d_model", d_model, minimum=1)
-        check_int("d_hidden", d_hidden, minimum=1)
-        check_alloc("d_model * d_hidden", d_model * d_hidden)
-        self.d_model, self.d_hidden = d_model, d_hidden
-        self.gate_proj = nn.Linear(d_model, d_hidden, bias=False)  # W_g
-        self.up_proj = nn.Linear(d_model, d_hidden, bias=False)    # W_u
-        self.down_proj = nn.Linear(d_hidden, d_model, bias=False)  # W_d
+        check_sizes(d_model=d_model, d_ff=d_ff)
+        check_alloc("d_model * d_ff", d_model * d_ff)
+        check_bool("bias", bias)
+        self.d_model, self.d_ff = d_model, d_ff
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)   # W_g
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)     # W_u
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)   # W_d
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> (..., D), each position independently."""
@@ -166,23 +168,24 @@ class RMSNorm(nn.Module):
     LayerNorm without the mean subtraction and without $\beta$: one
     reduction instead of two, $D$ parameters instead of $2D$. On a
     zero-mean vector it equals LayerNorm with $\beta = 0$. Same result
-    as ``torch.nn.RMSNorm(d, eps=eps)``; the statistic is computed in
-    float32 at least, as Llama does, so half-precision inputs are safe.
+    as ``torch.nn.RMSNorm(d_model, eps=eps)``; the statistic is computed
+    in float32 at least, as Llama does, so half-precision inputs are safe.
 
     Args:
-        d: feature width $D$. eps: $\epsilon$ inside the square root.
+        d_model: feature width $D$. eps: $\epsilon$ inside the square
+            root.
     """
 
-    def __init__(self, d: int, eps: float = 1e-6) -> None:
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
-        check_int("d", d, minimum=1, maximum=MAX_ELEMENTS)
+        check_int("d_model", d_model, minimum=1, maximum=MAX_ELEMENTS)
         # finite and > 0: eps = 0 divides by 0 on a constant input
         check_real("eps", eps, positive=True)
-        self.d, self.eps = d, eps
-        self.weight = nn.Parameter(torch.ones(d))              # gamma
+        self.d_model, self.eps = d_model, eps
+        self.weight = nn.Parameter(torch.ones(d_model))        # gamma
 
     def extra_repr(self) -> str:
-        return f"{self.d}, eps={self.eps}"
+        return f"{self.d_model}, eps={self.eps}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., D) -> (..., D)."""
@@ -206,15 +209,6 @@ def make_norm(norm: str, d_model: int, *, eps: float | None = None,
         return nn.LayerNorm(d_model, eps=1e-5 if eps is None else eps,
                             bias=bias)
     return RMSNorm(d_model, eps=1e-6 if eps is None else eps)
-
-
-def num_parameters(model: nn.Module) -> int:
-    """Distinct parameter scalars of a built model (a tied matrix counts
-    once). Chapter 12's :func:`course_lib.sizing.params.count_parameters`
-    computes the same number from a configuration, without building.
-    """
-    check_type("model", model, nn.Module, "a torch.nn.Module")
-    return sum(p.numel() for p in model.parameters())
 
 
 class DecoderBlock(nn.Module):
@@ -244,8 +238,8 @@ class DecoderBlock(nn.Module):
                  ffn: nn.Module, norm: str = "rms", norm_bias: bool = True,
                  eps: float | None = None, dropout: float = 0.0) -> None:
         super().__init__()
-        check_type("attention", attention, nn.Module, "an nn.Module")
-        check_type("ffn", ffn, nn.Module, "an nn.Module")
+        for name, m in (("attention", attention), ("ffn", ffn)):
+            check_type(name, m, nn.Module, "an nn.Module")
         check_dropout("dropout", dropout)
         self.norm1 = make_norm(norm, d_model, eps=eps, bias=norm_bias)
         self.attention = attention

@@ -6,7 +6,7 @@ inside every attention layer (Llama); $N$ pre-norm
 maps each position's hidden state to next-token logits.
 
 Shape letters: B batch, T new tokens, S cached + new positions,
-D = ``d_model``, V vocabulary size.
+D = ``hidden_size``, V vocabulary size.
 """
 from __future__ import annotations
 
@@ -50,54 +50,69 @@ __all__ = ["DecoderLMConfig", "DecoderLM", "decoder_lm_param_count"]
 
 @dataclass
 class DecoderLMConfig:
-    """Hyperparameters of :class:`DecoderLM`. Defaults: a small Llama-style
-    model; :meth:`gpt2_small` gives GPT-2's published shape."""
+    """Hyperparameters of :class:`DecoderLM`, under the Hugging Face field
+    names of :class:`~course_lib.sizing.configs.ModelConfig`. Defaults: a
+    small Llama-style model; :meth:`gpt2_small` gives GPT-2's published
+    shape. A LayerNorm (``norm="layer"``) always has its bias, an RMSNorm
+    never."""
     vocab_size: int
-    d_model: int = 128
-    n_heads: int = 4
-    n_kv_heads: int | None = None  # None = n_heads (MHA); fewer = GQA
-    n_layers: int = 4
-    d_ff: int | None = None        # None: 4*d_model, or 8/3 d for swiglu
-    max_len: int = 256             # context length (rows of learned P)
-    positions: str = "rope"        # "learned" (GPT-2) or "rope" (Llama)
-    norm: str = "rms"              # "rms" (Llama) or "layer" (GPT-2)
-    ffn: str = "swiglu"            # "swiglu", "gelu" or "relu"
-    bias: bool = False             # biases in attention/FFN/LayerNorm
-    tie_embeddings: bool = True    # lm_head.weight is embed_tokens.weight
+    hidden_size: int = 128                 # D
+    num_attention_heads: int = 4           # H
+    num_key_value_heads: int | None = None  # None = H (MHA); fewer = GQA
+    num_hidden_layers: int = 4             # N
+    intermediate_size: int | None = None   # FFN width; None: 4D, or 8D/3
+    #                                        for silu (llama_hidden_dim)
+    max_position_embeddings: int = 256     # context (rows of learned P)
+    position: str = "rope"                 # "learned" (GPT-2) or "rope"
+    norm: str = "rms"                      # "rms" (Llama) or "layer"
+    hidden_act: str = "silu"               # "silu" (SwiGLU), "gelu", "relu"
+    attention_bias: bool = False           # biases on q/k/v/o projections
+    mlp_bias: bool = False                 # biases in the FFN's linears
+    tie_word_embeddings: bool = True       # lm_head is embed_tokens
     dropout: float = 0.0
-    multiple_of: int = 32          # swiglu d_ff rounding (Llama-2: 256)
-    rope_base: float = 10000.0     # RoPE's b (Llama-3: 500000)
-    rope_interleaved: bool = False  # RoPE pairs: False (i, i+d/2) as HF
-    #                                 Llama, True (2i, 2i+1) as llama.cpp
-    norm_eps: float | None = None  # None: 1e-6 (rms) or 1e-5 (layer)
+    multiple_of: int = 32                  # silu width rounding (Llama-2:
+    #                                        256)
+    rope_theta: float = 10000.0            # RoPE's b (Llama-3: 500000)
+    rope_interleave: bool = False          # RoPE pairs: False (i, i+d/2)
+    #                                        as HF Llama, True (2i, 2i+1)
+    rms_norm_eps: float = 1e-6             # RMSNorm's eps (LayerNorm: 1e-5)
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers",
-                     "max_len", "multiple_of"):
+        for name in ("vocab_size", "hidden_size", "num_attention_heads",
+                     "num_hidden_layers", "max_position_embeddings",
+                     "multiple_of"):
             check_int(name, getattr(self, name), minimum=1)
         check_dropout("dropout", self.dropout)
-        check_real("rope_base", self.rope_base, positive=True)
-        if self.norm_eps is not None:
-            check_real("norm_eps", self.norm_eps, positive=True)
-        for name in ("bias", "tie_embeddings", "rope_interleaved"):
+        check_real("rope_theta", self.rope_theta, positive=True)
+        check_real("rms_norm_eps", self.rms_norm_eps, positive=True)
+        for name in ("attention_bias", "mlp_bias", "tie_word_embeddings",
+                     "rope_interleave"):
             check_bool(name, getattr(self, name))
-        check_choice("positions", self.positions, ("learned", "rope"))
+        check_choice("position", self.position, ("learned", "rope"))
         check_choice("norm", self.norm, ("rms", "layer"))
-        check_choice("ffn", self.ffn, ("swiglu", "gelu", "relu"))
-        if self.d_ff is None:
-            self.d_ff = (llama_hidden_dim(self.d_model,
-                                          multiple_of=self.multiple_of)
-                         if self.ffn == "swiglu" else 4 * self.d_model)
-        check_int("d_ff", self.d_ff, minimum=1)
+        check_choice("hidden_act", self.hidden_act, ("silu", "gelu", "relu"))
+        if self.intermediate_size is None:
+            self.intermediate_size = (
+                llama_hidden_dim(self.hidden_size,
+                                 multiple_of=self.multiple_of)
+                if self.hidden_act == "silu" else 4 * self.hidden_size)
+        check_int("intermediate_size", self.intermediate_size, minimum=1)
 
     @classmethod
     def gpt2_small(cls, **overrides) -> "DecoderLMConfig":
         """GPT-2 small (124M): vocab 50257, context 1024, 12 x 768."""
-        cfg = dict(vocab_size=50257, d_model=768, n_heads=12, n_layers=12,
-                   d_ff=3072, max_len=1024, positions="learned",
-                   norm="layer", ffn="gelu", bias=True,
-                   tie_embeddings=True, dropout=0.1)
+        cfg = dict(vocab_size=50257, hidden_size=768, num_attention_heads=12,
+                   num_hidden_layers=12, intermediate_size=3072,
+                   max_position_embeddings=1024, position="learned",
+                   norm="layer", hidden_act="gelu", attention_bias=True,
+                   mlp_bias=True, tie_word_embeddings=True, dropout=0.1)
         return cls(**{**cfg, **overrides})
+
+
+def _norm_epsilon(c: DecoderLMConfig) -> float:
+    """The eps of the model's norms: ``rms_norm_eps`` for RMSNorm, 1e-5
+    for LayerNorm (GPT-2's ``layer_norm_epsilon``)."""
+    return c.rms_norm_eps if c.norm == "rms" else 1e-5
 
 
 class DecoderLM(nn.Module):
@@ -121,8 +136,8 @@ class DecoderLM(nn.Module):
                  ffn_factory: Callable[[int], nn.Module] | None = None
                  ) -> None:
         super().__init__()
-        check_type("config", config, DecoderLMConfig, "a DecoderLMConfig")
-        # refuse a size typo before building anything (n_layers=10**6)
+        # The closed-form count checks the config's type; a size typo
+        # (num_hidden_layers=10**6) is refused before anything is built.
         check_alloc("the model's parameters", decoder_lm_param_count(config))
         for name, f in (("attention_factory", attention_factory),
                         ("ffn_factory", ffn_factory)):
@@ -130,25 +145,27 @@ class DecoderLM(nn.Module):
                 check_callable(name, f)
         c = self.config = config
         self._factories = (attention_factory, ffn_factory)
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.d_model)  # E
-        self.embed_positions = (nn.Embedding(c.max_len, c.d_model)
-                                if c.positions == "learned" else None)
+        D = c.hidden_size
+        self.embed_tokens = nn.Embedding(c.vocab_size, D)    # E
+        self.embed_positions = (
+            nn.Embedding(c.max_position_embeddings, D)
+            if c.position == "learned" else None)
         self.dropout = nn.Dropout(c.dropout)
         # RoPE has no weights: one module serves every layer's attention
-        rope = None if c.positions == "learned" else RotaryEmbedding(
-            c.d_model // c.n_heads, base=c.rope_base,
-            interleaved=c.rope_interleaved)
+        rope = None if c.position == "learned" else RotaryEmbedding(
+            D // c.num_attention_heads, base=c.rope_theta,
+            interleave=c.rope_interleave)
         self.layers = nn.ModuleList(self._block(i, rope)
-                                    for i in range(c.n_layers))
-        self.norm = make_norm(c.norm, c.d_model, eps=c.norm_eps,
-                              bias=c.bias)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+                                    for i in range(c.num_hidden_layers))
+        self.norm = make_norm(c.norm, D, eps=_norm_epsilon(c))
+        self.lm_head = nn.Linear(D, c.vocab_size, bias=False)
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith(("o_proj.weight", "linear2.weight",
                               "down_proj.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layers))
-        if c.tie_embeddings:
+                nn.init.normal_(p, std=0.02 / math.sqrt(
+                    2 * c.num_hidden_layers))
+        if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight   # (V, D) shared
 
     def _block(self, i: int, rope: RotaryEmbedding | None) -> DecoderBlock:
@@ -157,17 +174,20 @@ class DecoderLM(nn.Module):
         if make_attn is not None:
             attn = make_attn(i)
         else:
-            attn = MultiHeadAttention(c.d_model, c.n_heads, bias=c.bias,
-                                      n_kv_heads=c.n_kv_heads, rope=rope)
+            attn = MultiHeadAttention(
+                c.hidden_size, c.num_attention_heads,
+                bias=c.attention_bias, n_kv_heads=c.num_key_value_heads,
+                rope=rope)
         if make_ffn is not None:
             ffn = make_ffn(i)
-        elif c.ffn == "swiglu":
-            ffn = SwiGLU(c.d_model, c.d_ff)
+        elif c.hidden_act == "silu":
+            ffn = SwiGLU(c.hidden_size, c.intermediate_size,
+                         bias=c.mlp_bias)
         else:
-            ffn = FeedForward(c.d_model, c.d_ff, activation=c.ffn,
-                              bias=c.bias)
-        return DecoderBlock(c.d_model, attention=attn, ffn=ffn, norm=c.norm,
-                            norm_bias=c.bias, eps=c.norm_eps,
+            ffn = FeedForward(c.hidden_size, c.intermediate_size,
+                              activation=c.hidden_act, bias=c.mlp_bias)
+        return DecoderBlock(c.hidden_size, attention=attn, ffn=ffn,
+                            norm=c.norm, eps=_norm_epsilon(c),
                             dropout=c.dropout)
 
     @staticmethod
@@ -181,24 +201,21 @@ class DecoderLM(nn.Module):
         """Validate ``cache`` and ``positions``; return (cached length,
         positions (T,)), by default the T positions after the cache."""
         c = self.config
-        B, T = idx.shape
+        T = idx.shape[1]
         past = 0
         if cache is not None:
             from .kv_cache import KVCache
             check_type("cache", cache, KVCache, "a KVCache")
             check_equal("the cache's number of layers", len(cache),
-                        c.n_layers)
-            past = cache.seq_len
-            if past:
-                check_equal("idx's batch size (the cache's)", B,
-                            cache[0].batch_size)
+                        c.num_hidden_layers)
+            past = cache.seq_len     # its batch size: checked by each layer
         if positions is None:
             positions = torch.arange(past, past + T,
                                      device=idx.device)      # (T,)
         if cache is not None:
             cache.check_next(positions)
         check_int("positions.max()", int(positions.max()), minimum=0,
-                  maximum=c.max_len - 1)                     # < max_len
+                  maximum=c.max_position_embeddings - 1)
         return past, positions
 
     def forward(self, idx: torch.Tensor,
@@ -215,7 +232,7 @@ class DecoderLM(nn.Module):
         :func:`~course_lib.model.moe.moe_infos` collects it (chapter 11).
         """
         c = self.config
-        check_token_ids("idx", idx, c.vocab_size, c.max_len)
+        check_token_ids("idx", idx, c.vocab_size, c.max_position_embeddings)
         T = idx.shape[1]
         past, positions = self._positions(idx, positions, cache)
         h = self.embed_tokens(idx)                           # (B, T, D)
@@ -238,20 +255,23 @@ def decoder_lm_param_count(config: DecoderLMConfig) -> int:
 
     $VD$ (tokens) $+\,[\text{learned}]\,LD$ (positions) $+\,N \times$
     (attention + FFN + two norms) + final norm $+\,[\text{untied}]\,DV$;
-    a norm has $2D$ parameters (LayerNorm with bias) or $D$.
+    a norm has $2D$ parameters (LayerNorm, weight and bias) or $D$
+    (RMSNorm).
     """
     check_type("config", config, DecoderLMConfig, "a DecoderLMConfig")
     c = config
-    D = c.d_model
-    norm = 2 * D if (c.norm == "layer" and c.bias) else D
-    attn = mha_param_count(d_model=D, n_heads=c.n_heads,
-                           n_kv_heads=c.n_kv_heads, bias=c.bias)
-    ffn = (swiglu_param_count(d_model=D, d_hidden=c.d_ff)
-           if c.ffn == "swiglu"
-           else ffn_param_count(d_model=D, d_ff=c.d_ff, bias=c.bias))
-    n = c.vocab_size * D + c.n_layers * (attn + ffn + 2 * norm) + norm
-    if c.positions == "learned":
-        n += c.max_len * D
-    if not c.tie_embeddings:
+    D, F = c.hidden_size, c.intermediate_size
+    norm = 2 * D if c.norm == "layer" else D
+    attn = mha_param_count(d_model=D, n_heads=c.num_attention_heads,
+                           n_kv_heads=c.num_key_value_heads,
+                           bias=c.attention_bias)
+    ffn = (swiglu_param_count(d_model=D, d_ff=F, bias=c.mlp_bias)
+           if c.hidden_act == "silu"
+           else ffn_param_count(d_model=D, d_ff=F, bias=c.mlp_bias))
+    n = (c.vocab_size * D + c.num_hidden_layers * (attn + ffn + 2 * norm)
+         + norm)
+    if c.position == "learned":
+        n += c.max_position_embeddings * D
+    if not c.tie_word_embeddings:
         n += D * c.vocab_size
     return n

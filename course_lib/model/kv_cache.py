@@ -114,7 +114,9 @@ class KVCache:
 
     Usage with :class:`~course_lib.model.decoder_lm.DecoderLM`::
 
-        cache = KVCache(model.config.n_layers, max_len=model.config.max_len)
+        c = model.config
+        cache = KVCache(c.num_hidden_layers,
+                        max_len=c.max_position_embeddings)
         logits = model(prompt, cache=cache)          # prefill: T0 tokens
         logits = model(next_id[:, None], cache=cache)  # decode: 1 token
 

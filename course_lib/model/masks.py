@@ -34,6 +34,7 @@ from .._util.validation import (
     check_float_dtype,
     check_int,
     check_lengths,
+    check_sizes,
 )
 
 __all__ = ["causal_mask", "sliding_window_mask", "padding_mask",
@@ -57,9 +58,8 @@ def causal_mask(q_len: int, k_len: int | None = None, *,
         q_len, k_len: numbers of queries Lq and keys Lk (default Lq).
         device: device of the result.
     """
-    check_int("q_len", q_len, minimum=1)
     k_len = q_len if k_len is None else k_len
-    check_int("k_len", k_len, minimum=1)
+    check_sizes(q_len=q_len, k_len=k_len)
     check_alloc("q_len * k_len", q_len * k_len)
     i = torch.arange(q_len, device=device)[:, None]             # (Lq, 1)
     j = torch.arange(k_len, device=device)[None, :]             # (1, Lk)

@@ -41,6 +41,7 @@ repeated for GQA (:func:`repeat_kv`), a boolean mask brought to 4-D
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,55 +53,61 @@ from .._util.validation import (
     check_broadcasts,
     check_divides,
     check_equal,
-    check_int,
     check_shape,
+    check_sizes,
     check_type,
 )
-from .attention import fused_attention, scaled_dot_product_attention
+from .attention import attend, fused_attend
 from .rope import RotaryEmbedding
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
 
 __all__ = ["mha_param_count", "MultiHeadAttention", "split_heads",
-           "merge_heads", "repeat_kv", "mask_to_4d", "query_positions"]
+           "merge_heads", "repeat_kv", "MASK_SHAPES", "mask_to_4d",
+           "query_positions"]
 
 
-def _check_heads(d_model, n_heads, n_kv_heads, bias) -> int:
-    """Validate the sizes; return n_kv_heads with None resolved to n_heads."""
-    check_int("d_model", d_model, minimum=1)
-    check_int("n_heads", n_heads, minimum=1)
+def _check_heads(d_model, n_heads, n_kv_heads, bias) -> None:
+    """Validate the sizes (``n_kv_heads`` already resolved from None)."""
+    check_sizes(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
     check_divides("d_model", d_model, "n_heads", n_heads)
-    check_bool("bias", bias)
-    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    check_int("n_kv_heads", n_kv_heads, minimum=1)
     check_divides("n_heads", n_heads, "n_kv_heads", n_kv_heads)
-    return n_kv_heads
+    check_bool("bias", bias)
 
 
 def mha_param_count(*, d_model: int, n_heads: int,
-                    n_kv_heads: int | None = None, bias: bool = True) -> int:
+                    n_kv_heads: int | None = None, bias: bool = True,
+                    head_dim: int | None = None) -> int:
     r"""Closed-form parameter count of :class:`MultiHeadAttention`.
 
-    $W^Q$ and $W^O$ are $D \times D$; $W^K$ and $W^V$ are
-    $D \times g\,d_k$. With biases each projection adds its output width:
+    $W^Q$ is $D \times h\,d_k$ and $W^O$ its transpose; $W^K$ and $W^V$
+    are $D \times g\,d_k$. With biases each projection adds its output
+    width:
 
-    $$N = 2D^2 + 2\,D\,g\,d_k + [\text{bias}]\,(2D + 2\,g\,d_k),$$
+    $$N = 2D\,h\,d_k + 2\,D\,g\,d_k + [\text{bias}]\,(h\,d_k + D +
+    2\,g\,d_k),$$
 
-    which is $4D^2 + 4D$ for ordinary multi-head attention ($g = h$).
+    which is $4D^2 + 4D$ for ordinary multi-head attention ($g = h$,
+    $h\,d_k = D$).
 
     Args:
         d_model: $D$; n_heads: $h$; n_kv_heads: $g$ (default $h$);
-        bias: whether the four projections have biases.
+        bias: whether the four projections have biases; head_dim: $d_k$,
+            default $D/h$ as in the course's module (a published model
+            may choose another width: chapter 12).
 
     Returns:
         The number of scalars.
     """
-    g = _check_heads(d_model, n_heads, n_kv_heads, bias)
-    kv_width = g * (d_model // n_heads)
-    n = 2 * d_model * d_model + 2 * d_model * kv_width
+    g = n_heads if n_kv_heads is None else n_kv_heads    # None: MHA
+    _check_heads(d_model, n_heads, g, bias)
+    d_k = d_model // n_heads if head_dim is None else head_dim
+    check_sizes(head_dim=d_k)
+    q_width, kv_width = n_heads * d_k, g * d_k
+    n = 2 * d_model * q_width + 2 * d_model * kv_width   # W^Q, W^O; W^K, W^V
     if bias:
-        n += 2 * d_model + 2 * kv_width
+        n += q_width + d_model + 2 * kv_width
     return n
 
 
@@ -135,7 +142,9 @@ class MultiHeadAttention(nn.Module):
                  rope: RotaryEmbedding | None = None,
                  fused: bool = False) -> None:
         super().__init__()
-        self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads, bias)
+        g = n_heads if n_kv_heads is None else n_kv_heads  # None: MHA
+        _check_heads(d_model, n_heads, g, bias)
+        self.n_kv_heads = g
         check_bool("fused", fused)
         if rope is not None:
             check_type("rope", rope, RotaryEmbedding, "a RotaryEmbedding")
@@ -144,6 +153,7 @@ class MultiHeadAttention(nn.Module):
         self.rope = rope                             # the position hook
         self.d_model, self.n_heads = d_model, n_heads
         self.head_dim = d_model // n_heads           # d_k = d_v
+        self.scale = 1.0 / math.sqrt(self.head_dim)  # 1 / sqrt(d_k)
         self.n_rep = n_heads // self.n_kv_heads      # query heads per K/V head
         kv_width = self.n_kv_heads * self.head_dim
         # nn.Linear stores weight as (out, in), i.e. W^T: W^Q = q_proj.weight.T
@@ -249,14 +259,14 @@ class MultiHeadAttention(nn.Module):
         mask = self._mask4d(mask, B, T, k.shape[2])
         if self.fused and not need_weights:
             # 4-5) in torch's kernel, K/V heads shared without copies
-            out, weights = fused_attention(
-                q, k, v, mask, enable_gqa=G != H), None      # (B, H, T, d_k)
+            out, weights = fused_attend(
+                q, k, v, mask, self.scale, G != H), None     # (B, H, T, d_k)
         else:
             # 4) GQA/MQA: each K/V head serves n_rep query heads.
             k = repeat_kv(k, self.n_rep)                     # (B, H, S, d_k)
             v = repeat_kv(v, self.n_rep)                     # (B, H, S, d_k)
             # 5) head_i = softmax(Q_i K_i^T / sqrt(d_k)) V_i, every head.
-            out, weights = scaled_dot_product_attention(q, k, v, mask)
+            out, weights = attend(q, k, v, mask, self.scale)
         #    out (B, H, T, d_k), weights (B, H, T, S)
         # 6) Concat(head_1, ..., head_h): heads back next to each other.
         out = merge_heads(out)                               # (B, T, D)
@@ -299,8 +309,8 @@ class MultiHeadAttention(nn.Module):
                 m_i = mask if mask.dim() == 2 else \
                     mask[:, i if mask.shape[1] > 1 else 0]   # (B|1, T|1, S)
             # head_i = Attention(X W_i^Q, C W_i^K, C W_i^V)
-            h_i, w_i = scaled_dot_product_attention(
-                q_i, k_i, v_i, m_i)                          # (B, T, d_k)
+            h_i, w_i = attend(q_i, k_i, v_i, m_i,
+                              self.scale)                    # (B, T, d_k)
             heads.append(h_i)
             all_weights.append(w_i.expand(B, T, S))          # (B, T, S)
         # MultiHead = Concat(head_1, ..., head_h) W^O
@@ -370,6 +380,10 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x.reshape(B, G * n_rep, S, d_k)               # (B, H, S, d_k)
 
 
+#: The mask shapes attention accepts (True = may attend).
+MASK_SHAPES = "(T, S), (B, 1, S), (B, T, S) or (B, H, T, S)"
+
+
 def mask_to_4d(mask, B: int, H: int, T: int, S: int):
     """Bring a boolean mask (True = may attend) to 4-D (.., .., T, S),
     checking that it broadcasts to ``(B, H, T, S)``.
@@ -385,8 +399,7 @@ def mask_to_4d(mask, B: int, H: int, T: int, S: int):
     # Only 2-D and 4-D pass: a 1-D mask would broadcast but names no query
     # axis, so any other rank is checked as a shape that cannot broadcast.
     check_broadcasts("mask", m4.shape if m4.dim() in (2, 4) else (0,) * 5,
-                     (B, H, T, S), "(T, S), (B, 1, S), (B, T, S) or "
-                     "(B, H, T, S)", given=mask.shape)
+                     (B, H, T, S), MASK_SHAPES, given=mask.shape)
     return m4
 
 

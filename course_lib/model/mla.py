@@ -41,7 +41,7 @@ class MLAConfig:
     DeepSeek-V2's ratios ($d_c = 4 d_h$, $d_h^R = d_h / 2$).
 
     ``rope_interleave=True`` rotates adjacent pairs $(2i, 2i+1)$
-    (``apply_rope(..., interleaved=True)``), the layout of DeepSeek's
+    (``apply_rope(..., interleave=True)``), the layout of DeepSeek's
     checkpoints and of Hugging Face's ``rope_interleave=True``; the
     rotate-half pairing gives different scores with the same weights.
 
@@ -229,10 +229,10 @@ class MultiHeadLatentAttention(nn.Module):
     def _rope(self, x: torch.Tensor, positions: torch.Tensor):
         if self.omega is not None:                        # YaRN
             return yarn_rope(x, positions, self.omega,
-                             interleaved=self.config.rope_interleave,
+                             interleave=self.config.rope_interleave,
                              rope_factor=self.rope_factor)
         return apply_rope(x, positions, base=self.config.rope_theta,
-                          interleaved=self.config.rope_interleave)
+                          interleave=self.config.rope_interleave)
 
     def up_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         r"""$W^{UK}$ ``(H, d_n, d_c)`` and $W^{UV}$ ``(H, d_v, d_c)``,

@@ -329,17 +329,23 @@ def moe_infos(model: nn.Module) -> list[MoEInfo]:
 
 
 def moe_from_config(config, *, capacity_factor: float | None = None) -> MoE:
-    r"""An :class:`MoE` layer from a config with Hugging Face field names.
+    r"""An :class:`MoE` layer from a config with Hugging Face field names:
+    a DeepSeek-V3 or Mixtral ``config.json``, a ``transformers`` config,
+    or a :class:`~course_lib.sizing.configs.ModelConfig` (chapter 12,
+    whose model builder uses this function for its MoE layers).
 
-    Reads width ``hidden_size`` (else ``d_model``), ``n_routed_experts``
-    (else ``num_local_experts``), ``num_experts_per_tok``,
-    ``moe_intermediate_size`` (else ``intermediate_size``, Mixtral) and
-    ``n_shared_experts`` (None = 0). If ``n_group`` is present and not
-    None the router is a :class:`DeepSeekV3Router` with ``n_group``,
-    ``topk_group``, ``routed_scaling_factor``, ``norm_topk_prob``;
-    otherwise a softmax :class:`TopKRouter` (Mixtral).
+    Reads width ``hidden_size``, ``n_routed_experts`` (Mixtral:
+    ``num_local_experts``), ``num_experts_per_tok``,
+    ``moe_intermediate_size`` (Mixtral: ``intermediate_size``) and
+    ``n_shared_experts`` (None = 0). The router is DeepSeek-V3's
+    (:class:`DeepSeekV3Router`: sigmoid scores, expert groups, bias) when
+    the config has ``scoring_func="sigmoid"`` or sets ``n_group``, with
+    ``n_group``, ``topk_group`` (None = 1), ``routed_scaling_factor``
+    (None = 1) and ``norm_topk_prob`` (default True); otherwise a softmax
+    :class:`TopKRouter` (Mixtral) that renormalises its $k$ gates unless
+    ``norm_topk_prob`` is False.
     """
-    D = config_field(config, "hidden_size", "d_model")
+    D = config_field(config, "hidden_size")
     E = config_field(config, "n_routed_experts", "num_local_experts")
     k = config_field(config, "num_experts_per_tok")
     F = config_field(config, "moe_intermediate_size", "intermediate_size")
@@ -359,15 +365,17 @@ def moe_from_config(config, *, capacity_factor: float | None = None) -> MoE:
             f"config (fewer n_routed_experts, a smaller hidden_size or "
             f"moe_intermediate_size), e.g. dataclasses.replace(config, "
             f"hidden_size=256, moe_intermediate_size=64)")
-    if getattr(config, "n_group", None) is not None:
+    normalize = bool(getattr(config, "norm_topk_prob", True))
+    if getattr(config, "scoring_func", None) == "sigmoid" or \
+            getattr(config, "n_group", None) is not None:
         gate = DeepSeekV3Router(
-            D, E, k, n_group=config.n_group,
-            topk_group=getattr(config, "topk_group", 1) or 1,
+            D, E, k, n_group=getattr(config, "n_group", None) or 1,
+            topk_group=getattr(config, "topk_group", None) or 1,
             routed_scaling_factor=float(
-                getattr(config, "routed_scaling_factor", 1.0) or 1.0),
-            norm_topk_prob=bool(getattr(config, "norm_topk_prob", True)))
+                getattr(config, "routed_scaling_factor", None) or 1.0),
+            norm_topk_prob=normalize)
     else:
-        gate = TopKRouter(D, E, k)
+        gate = TopKRouter(D, E, k, normalize=normalize)
     return MoE(D, n_experts=E, top_k=k, d_expert=F,
                n_shared_experts=n_shared, gate=gate,
                capacity_factor=capacity_factor)

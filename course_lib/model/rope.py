@@ -32,7 +32,7 @@ def rope_permutation(d_model: int) -> torch.Tensor:
     ("rotate_half") RoPE rotates $(i, i + D/2)$. With ``perm`` from this
     function, ``x[..., perm]`` moves feature $2i$ to slot $i$ and $2i+1$ to
     slot $i + D/2$, so ``apply_rope(x, ...)[..., perm] ==
-    apply_rope(x[..., perm], ..., interleaved=False)``.
+    apply_rope(x[..., perm], ..., interleave=False)``.
 
     Args:
         d_model: even feature width $D$.
@@ -45,7 +45,7 @@ def rope_permutation(d_model: int) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, *,
-               base: float = 10000.0, interleaved: bool = True
+               base: float = 10000.0, interleave: bool = False
                ) -> torch.Tensor:
     r"""Rotate each feature pair of ``x`` by its position times $\theta_i$.
 
@@ -61,7 +61,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, *,
         positions: integer or float tensor (T,), or any shape that
             broadcasts to ``x.shape[:-1]``.
         base: the constant $b$.
-        interleaved: True rotates pairs $(2i, 2i+1)$ as in the RoPE paper;
+        interleave: True rotates pairs $(2i, 2i+1)$ as in the RoPE paper;
             False rotates $(i, i + D/2)$ as Llama-style "rotate_half" code.
     Returns:
         tensor of the same shape and dtype as ``x``.
@@ -73,12 +73,12 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, *,
     d = x.shape[-1]
     cos, sin = rope_cos_sin(positions, d, base=base, dtype=x.dtype)
     # Interleaved pairs (2i, 2i+1); split halves pair i with i + D/2.
-    xa, xb = ((x[..., 0::2], x[..., 1::2]) if interleaved      # (..., T, P)
+    xa, xb = ((x[..., 0::2], x[..., 1::2]) if interleave       # (..., T, P)
               else (x[..., : d // 2], x[..., d // 2:]))        # (..., T, P)
     # (xa + i xb) * e^{i m theta} = (xa cos - xb sin) + i (xa sin + xb cos)
     ya = xa * cos - xb * sin                                   # (..., T, P)
     yb = xa * sin + xb * cos                                   # (..., T, P)
-    if interleaved:
+    if interleave:
         return torch.stack([ya, yb], dim=-1).flatten(-2)       # (..., T, D)
     return torch.cat([ya, yb], dim=-1)                         # (..., T, D)
 
@@ -97,30 +97,30 @@ class RotaryEmbedding(nn.Module):
         head_dim: even width $d_k$ of one head.
         base: the constant $b$ (10000 in the RoPE paper and Llama-2,
             500000 in Llama-3, 100000 in SmolLM2).
-        interleaved: pairing of the features, as in :func:`apply_rope`:
+        interleave: pairing of the features, as in :func:`apply_rope`:
             False = "rotate half" $(i, i + d_k/2)$ of the Hugging Face
             Llama code (the default), True = adjacent pairs $(2i, 2i+1)$
             of the paper and of llama.cpp.
     """
 
     def __init__(self, head_dim: int, *, base: float = 10000.0,
-                 interleaved: bool = False) -> None:
+                 interleave: bool = False) -> None:
         super().__init__()
         check_even("head_dim", head_dim)
         check_real("base", base, positive=True)
-        check_bool("interleaved", interleaved)
+        check_bool("interleave", interleave)
         self.head_dim, self.base = head_dim, float(base)
-        self.interleaved = interleaved
+        self.interleave = interleave
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, base={self.base:g}, "
-                f"interleaved={self.interleaved}")
+                f"interleave={self.interleave}")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor
                 ) -> torch.Tensor:
         """x (..., T, head_dim), positions (T,) -> rotated x, same shape."""
         return apply_rope(x, positions, base=self.base,
-                          interleaved=self.interleaved)
+                          interleave=self.interleave)
 
 
 def _theta(d: int, base: float) -> torch.Tensor:

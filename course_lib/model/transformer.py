@@ -22,9 +22,9 @@ does the same on the shifted target and reads $H_E^N$ in every layer; a
 linear map to the vocabulary gives logits. The paper shares one matrix
 between both embeddings and the output projection (sec. 3.4).
 
-Shape letters: B batch, S source length, T target length, D = ``d_model``,
-V vocabulary size; $N$ in the prose is
-``n_layers``.
+Shape letters: B batch, S source length, T target length,
+D = ``hidden_size``, V vocabulary size; $N$ in the prose is
+``num_hidden_layers``.
 """
 from __future__ import annotations
 
@@ -58,24 +58,26 @@ __all__ = ["TransformerConfig", "Transformer", "greedy_decode",
 
 @dataclass
 class TransformerConfig:
-    """Hyperparameters of :class:`Transformer`; defaults: the base model."""
+    """Hyperparameters of :class:`Transformer`, under Hugging Face field
+    names; defaults: the base model."""
     src_vocab_size: int = 37000   # shared English-German BPE (sec. 5.1)
     tgt_vocab_size: int = 37000
-    d_model: int = 512
-    n_heads: int = 8              # d_k = d_v = 512 / 8 = 64
-    d_ff: int = 2048
-    n_layers: int = 6             # N, on each side
+    hidden_size: int = 512        # D (the paper's d_model)
+    num_attention_heads: int = 8  # h; d_k = d_v = 512 / 8 = 64
+    intermediate_size: int = 2048  # d_ff
+    num_hidden_layers: int = 6    # N, on each side
     dropout: float = 0.1          # P_drop (sec. 5.4)
-    max_len: int = 512            # rows of the sinusoidal table
-    tie_embeddings: bool = True   # output projection = target embedding
+    max_position_embeddings: int = 512  # rows of the sinusoidal table
+    tie_word_embeddings: bool = True  # output projection = target embedding
     share_src_tgt_embeddings: bool = True  # one table (needs equal vocabs)
 
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model",
-                     "n_heads", "d_ff", "n_layers", "max_len"):
+        for name in ("src_vocab_size", "tgt_vocab_size", "hidden_size",
+                     "num_attention_heads", "intermediate_size",
+                     "num_hidden_layers", "max_position_embeddings"):
             check_int(name, getattr(self, name), minimum=1)
         check_dropout("dropout", self.dropout)
-        check_bool("tie_embeddings", self.tie_embeddings)
+        check_bool("tie_word_embeddings", self.tie_word_embeddings)
         check_bool("share_src_tgt_embeddings", self.share_src_tgt_embeddings)
 
 
@@ -90,47 +92,52 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         check_type("config", config, TransformerConfig, "a TransformerConfig")
-        # Sizes are checked before any layer is built: n_layers=10**6
-        # would take minutes and max_len=10**9 gigabytes.
-        check_alloc("config.max_len * config.d_model (the position table)",
-                    config.max_len * config.d_model)
-        check_alloc("config's parameters (n_layers, d_model, d_ff and the "
-                    "vocabulary sizes)", transformer_param_count(config))
+        # Sizes are checked before any layer is built:
+        # num_hidden_layers=10**6 would take minutes and
+        # max_position_embeddings=10**9 gigabytes.
+        check_alloc("config.max_position_embeddings * config.hidden_size "
+                    "(the position table)",
+                    config.max_position_embeddings * config.hidden_size)
+        check_alloc("config's parameters (num_hidden_layers, hidden_size, "
+                    "intermediate_size and the vocabulary sizes)",
+                    transformer_param_count(config))
         c = self.config = config
         if c.share_src_tgt_embeddings and c.src_vocab_size != c.tgt_vocab_size:
             raise ValueError(
                 f"share_src_tgt_embeddings needs src_vocab_size == "
                 f"tgt_vocab_size, got {c.src_vocab_size} and "
                 f"{c.tgt_vocab_size}")
-        self.src_embed = nn.Embedding(c.src_vocab_size, c.d_model)
+        D = c.hidden_size
+        self.src_embed = nn.Embedding(c.src_vocab_size, D)
         self.tgt_embed = (self.src_embed if c.share_src_tgt_embeddings
-                          else nn.Embedding(c.tgt_vocab_size, c.d_model))
+                          else nn.Embedding(c.tgt_vocab_size, D))
         # Fixed table, not a parameter; not saved in the state dict.
         self.register_buffer("pe", sinusoidal_encoding(
-            c.max_len, c.d_model).float(), persistent=False)  # (L, D)
+            c.max_position_embeddings, D).float(),
+            persistent=False)                                 # (L, D)
         self.dropout = nn.Dropout(c.dropout)
-        layer_args = (c.d_model, c.n_heads, c.d_ff)
+        layer_args = (D, c.num_attention_heads, c.intermediate_size)
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(*layer_args, dropout=c.dropout)
-            for _ in range(c.n_layers))
+            for _ in range(c.num_hidden_layers))
         self.decoder_layers = nn.ModuleList(
             DecoderLayer(*layer_args, dropout=c.dropout)
-            for _ in range(c.n_layers))
-        self.out_proj = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+            for _ in range(c.num_hidden_layers))
+        self.out_proj = nn.Linear(D, c.tgt_vocab_size, bias=False)
         for p in self.parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
         # dict.fromkeys: each table once (they may be shared), in a fixed
         # order, so that a seeded model is reproducible.
         for emb in dict.fromkeys([self.src_embed, self.tgt_embed]):
-            nn.init.normal_(emb.weight, std=c.d_model ** -0.5)
-        if c.tie_embeddings:
+            nn.init.normal_(emb.weight, std=D ** -0.5)
+        if c.tie_word_embeddings:
             self.out_proj.weight = self.tgt_embed.weight      # (V, D) shared
 
     def _embed(self, ids: torch.Tensor, table: nn.Embedding) -> torch.Tensor:
         T = ids.shape[1]
         # H^0 = Drop(sqrt(D) E[x] + PE): positions enter here, once.
-        h = table(ids) * math.sqrt(self.config.d_model)      # (B, T, D)
+        h = table(ids) * math.sqrt(self.config.hidden_size)  # (B, T, D)
         return self.dropout(h + self.pe[:T])                 # (B, T, D)
 
     def encode(self, src: torch.Tensor,
@@ -138,7 +145,8 @@ class Transformer(nn.Module):
         """src (B, S) ids -> memory $H_E^N$ (B, S, D). src_mask: bool
         (B, 1, S), True at real tokens."""
         c = self.config
-        check_token_ids("src", src, c.src_vocab_size, c.max_len)
+        check_token_ids("src", src, c.src_vocab_size,
+                        c.max_position_embeddings)
         h = self._embed(src, self.src_embed)                 # (B, S, D)
         for layer in self.encoder_layers:
             h = layer(h, mask=src_mask)                      # (B, S, D)
@@ -161,7 +169,8 @@ class Transformer(nn.Module):
         """:meth:`decode`, and the N layers' cross-attention weights, a
         list of (B, H, T, S)."""
         c = self.config
-        check_token_ids("tgt_in", tgt_in, c.tgt_vocab_size, c.max_len)
+        check_token_ids("tgt_in", tgt_in, c.tgt_vocab_size,
+                        c.max_position_embeddings)
         if tgt_mask is None:
             tgt_mask = causal_mask(tgt_in.shape[1], device=tgt_in.device)
         h = self._embed(tgt_in, self.tgt_embed)              # (B, T, D)
@@ -252,17 +261,18 @@ def transformer_param_count(config: TransformerConfig) -> int:
     """
     check_type("config", config, TransformerConfig, "a TransformerConfig")
     c = config
-    D = c.d_model
-    attn = mha_param_count(d_model=D, n_heads=c.n_heads, bias=True)
-    ffn = ffn_param_count(d_model=D, d_ff=c.d_ff, bias=True)
+    D = c.hidden_size
+    attn = mha_param_count(d_model=D, n_heads=c.num_attention_heads,
+                           bias=True)
+    ffn = ffn_param_count(d_model=D, d_ff=c.intermediate_size, bias=True)
     enc = attn + ffn + 2 * (2 * D)
     dec = 2 * attn + ffn + 3 * (2 * D)
     emb = c.src_vocab_size * D
     if not c.share_src_tgt_embeddings:
         emb += c.tgt_vocab_size * D
-    if not c.tie_embeddings:
+    if not c.tie_word_embeddings:
         emb += D * c.tgt_vocab_size                  # separate out_proj
-    return c.n_layers * (enc + dec) + emb
+    return c.num_hidden_layers * (enc + dec) + emb
 
 
 class EncoderLayer(nn.Module):

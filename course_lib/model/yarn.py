@@ -149,7 +149,7 @@ def yarn_scales(rope_scaling: dict) -> tuple[float, float]:
 
 
 def yarn_rope(x: torch.Tensor, positions: torch.Tensor,
-              omega: torch.Tensor, *, interleaved: bool = True,
+              omega: torch.Tensor, *, interleave: bool = False,
               rope_factor: float = 1.0) -> torch.Tensor:
     r"""Rotate pair $i$ of ``x`` at position $m$ by $m \omega_i$ (any
     frequencies, e.g. :func:`yarn_frequencies`) and scale by
@@ -159,7 +159,7 @@ def yarn_rope(x: torch.Tensor, positions: torch.Tensor,
     Args:
         x: floating tensor (..., T, d); positions: (T,) or broadcastable
             to ``x.shape[:-1]``; omega: (d/2,) frequencies.
-        interleaved: pairs $(2i, 2i+1)$ (DeepSeek), else $(i, i + d/2)$.
+        interleave: pairs $(2i, 2i+1)$ (DeepSeek), else $(i, i + d/2)$.
         rope_factor: the magnitude of cos and sin, $m(s, a) / m(s,
             a_\text{all})$ of :func:`yarn_scales`; finite and $> 0$. It
             is not the extension factor $s$ (which must be $\ge 1$,
@@ -181,7 +181,7 @@ def yarn_rope(x: torch.Tensor, positions: torch.Tensor,
                          f"len(omega) = {2 * omega.shape[0]}, got "
                          f"{tuple(x.shape)}")
     check_type("positions", positions, torch.Tensor, "a torch.Tensor")
-    check_bool("interleaved", interleaved)
+    check_bool("interleave", interleave)
     check_real("rope_factor", rope_factor, positive=True)
     d = x.shape[-1]
     # Angles m * w'_i in float64 (positions reach 1e5: float32 would lose
@@ -190,10 +190,10 @@ def yarn_rope(x: torch.Tensor, positions: torch.Tensor,
         positions.device, torch.float64)                       # (..., P)
     cos = (angle.cos() * rope_factor).to(x.dtype)              # (..., P)
     sin = (angle.sin() * rope_factor).to(x.dtype)              # (..., P)
-    xa, xb = ((x[..., 0::2], x[..., 1::2]) if interleaved      # (..., T, P)
+    xa, xb = ((x[..., 0::2], x[..., 1::2]) if interleave       # (..., T, P)
               else (x[..., : d // 2], x[..., d // 2:]))        # (..., T, P)
     # (xa + i xb) e^{i m w} = (xa cos - xb sin) + i (xa sin + xb cos)
     ya, yb = xa * cos - xb * sin, xa * sin + xb * cos          # (..., T, P)
-    if interleaved:
+    if interleave:
         return torch.stack([ya, yb], dim=-1).flatten(-2)       # (..., T, d)
     return torch.cat([ya, yb], dim=-1)                         # (..., T, d)

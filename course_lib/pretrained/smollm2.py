@@ -181,7 +181,7 @@ def rename(name: str, *, to: str = "course_lib") -> str:
 
 
 def config_from_gguf(metadata: dict, *,
-                     rope_interleaved: bool = False) -> DecoderLMConfig:
+                     rope_interleave: bool = False) -> DecoderLMConfig:
     """A :class:`DecoderLMConfig` from a Llama GGUF file's ``llama.*``
     metadata (sizes, RoPE base, RMSNorm epsilon, context length).
 
@@ -238,14 +238,16 @@ def config_from_gguf(metadata: dict, *,
             raise ValueError("metadata must have the key llama.vocab_size "
                              "or a non-empty tokenizer.ggml.tokens")
     return DecoderLMConfig(
-        vocab_size=vocab, d_model=d_model, n_heads=n_heads,
-        n_kv_heads=n_kv_heads, n_layers=size("block_count"),
-        d_ff=size("feed_forward_length"), max_len=size("context_length"),
-        positions="rope", norm="rms", ffn="swiglu", bias=False,
-        tie_embeddings=True, dropout=0.0,
-        rope_base=positive("rope.freq_base"),
-        norm_eps=positive("attention.layer_norm_rms_epsilon"),
-        rope_interleaved=rope_interleaved)
+        vocab_size=vocab, hidden_size=d_model, num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        num_hidden_layers=size("block_count"),
+        intermediate_size=size("feed_forward_length"),
+        max_position_embeddings=size("context_length"),
+        position="rope", norm="rms", hidden_act="silu",
+        attention_bias=False, mlp_bias=False, tie_word_embeddings=True,
+        dropout=0.0, rope_theta=positive("rope.freq_base"),
+        rms_norm_eps=positive("attention.layer_norm_rms_epsilon"),
+        rope_interleave=rope_interleave)
 
 
 def _head_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -307,7 +309,7 @@ def _check_tensor_shapes(gguf: GGUFFile, model: DecoderLM) -> None:
                              f"{gguf.path!r} has shape {t.shape}, but the "
                              f"metadata's sizes give {expected[name]}")
         found.add(name)
-    if model.config.tie_embeddings:
+    if model.config.tie_word_embeddings:
         found.add("lm_head.weight")
     missing = sorted(set(expected) - found)
     if missing:
@@ -317,7 +319,7 @@ def _check_tensor_shapes(gguf: GGUFFile, model: DecoderLM) -> None:
 
 
 def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
-                    rope: str = "hf", rope_interleaved: bool | None = None,
+                    rope: str = "hf", rope_interleave: bool | None = None,
                     fused: bool = True, column_major: bool = True
                     ) -> DecoderLM:
     r"""Build a :class:`DecoderLM` from a Llama GGUF file.
@@ -338,7 +340,7 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
         gguf: an open file. dtype: parameter dtype (float32, bfloat16).
         rope: ``"hf"`` (HF rows, rotate-half RoPE) or ``"gguf"`` (rows as
             stored, interleaved RoPE).
-        rope_interleaved: override the pairing; anything but the default
+        rope_interleave: override the pairing; anything but the default
             (None) is the WRONG convention for ``rope`` (an experiment).
         fused: attention by torch's fused kernel (one call per layer,
             as ``transformers`` does; False: the explicit chapter-3 path).
@@ -356,12 +358,12 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
     check_bool("fused", fused)
     check_bool("column_major", column_major)
     check_float_dtype("dtype", dtype)
-    if rope_interleaved is None:
-        rope_interleaved = rope == "gguf"
+    if rope_interleave is None:
+        rope_interleave = rope == "gguf"
     config = config_from_gguf(gguf.metadata,
-                              rope_interleaved=bool(rope_interleaved))
+                              rope_interleave=bool(rope_interleave))
     names = {t.name for t in gguf.tensors}
-    config.tie_embeddings = "output.weight" not in names
+    config.tie_word_embeddings = "output.weight" not in names
     with torch.device("meta"):
         model = DecoderLM(config)
     _check_tensor_shapes(gguf, model)
@@ -370,17 +372,17 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
         w = gguf.dequantize(t.name)                          # (R, C) fp32
         if rope == "hf" and t.name.endswith(("attn_q.weight",
                                              "attn_k.weight")):
-            heads = config.n_heads if "attn_q" in t.name \
-                else config.n_kv_heads
+            heads = config.num_attention_heads if "attn_q" in t.name \
+                else config.num_key_value_heads
             w = rope_unpermute(w, heads)
         w = w.to(dtype)
         if column_major and w.dim() == 2:
             w = w.t().contiguous().t()                       # (R, C), W^T dense
         state[rename(t.name)] = w
-    if config.tie_embeddings:
+    if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
-    if config.tie_embeddings:
+    if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight     # (V, D) shared
     for block in model.layers:
         block.attention.fused = fused
@@ -388,7 +390,7 @@ def load_gguf_llama(gguf: GGUFFile, *, dtype: torch.dtype = torch.float32,
 
 
 def load_smollm2(*, dtype: torch.dtype = torch.float32, rope: str = "hf",
-                 rope_interleaved: bool | None = None, fused: bool = True,
+                 rope_interleave: bool | None = None, fused: bool = True,
                  column_major: bool = True
                  ) -> tuple[DecoderLM, ByteLevelBPETokenizer]:
     """SmolLM2-135M-Instruct as ``(model, tokenizer)`` from the installed
@@ -402,6 +404,6 @@ def load_smollm2(*, dtype: torch.dtype = torch.float32, rope: str = "hf",
     """
     gguf = open_smollm2()
     model = load_gguf_llama(gguf, dtype=dtype, rope=rope,
-                            rope_interleaved=rope_interleaved, fused=fused,
+                            rope_interleave=rope_interleave, fused=fused,
                             column_major=column_major)
     return model, ByteLevelBPETokenizer.from_gguf(gguf.metadata)

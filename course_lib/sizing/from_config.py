@@ -13,8 +13,7 @@ from __future__ import annotations
 from ..model.block import FeedForward, SwiGLU
 from ..model.decoder_lm import DecoderLM, DecoderLMConfig
 from ..model.mla import MLAConfig, MultiHeadLatentAttention
-from ..model.moe import MoE
-from ..model.routing import DeepSeekV3Router, TopKRouter
+from ..model.moe import moe_from_config
 from .configs import ModelConfig, check_model_config
 from .params import count_parameters
 
@@ -25,17 +24,20 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
     r"""Build the course_lib model that ``config`` describes, so that
     ``sum(p.numel())`` can be checked against :func:`count_parameters`.
 
-    A :class:`~course_lib.model.decoder_lm.DecoderLM` with the config's shapes;
-    ``attention_factory`` gives every layer a
+    A :class:`~course_lib.model.decoder_lm.DecoderLM` with the config's shapes
+    (its :class:`~course_lib.model.decoder_lm.DecoderLMConfig` has the same
+    field names); ``attention_factory`` gives every layer a
     :class:`~course_lib.model.mla.MultiHeadLatentAttention` for an MLA config,
     and ``ffn_factory`` gives layers $\ge$ ``first_k_dense_replace`` an
-    :class:`~course_lib.model.moe.MoE` (DeepSeek-V3 router for
+    :class:`~course_lib.model.moe.MoE` built by
+    :func:`~course_lib.model.moe.moe_from_config` (DeepSeek-V3 router for
     ``scoring_func="sigmoid"``, softmax top-$k$ otherwise) and the first
-    ones a dense SwiGLU. Only shrunken configs fit in memory.
+    ones a dense FFN. Only shrunken configs fit in memory.
 
     Args:
-        config: a ModelConfig whose biases are all on (GPT-2) or all off,
-            with ``head_dim`` None or $D/H$.
+        config: a ModelConfig with ``head_dim`` None or $D/H$;
+            ``attention_bias`` and ``mlp_bias`` are passed on, and a
+            LayerNorm has its bias.
         max_params: refuse to build more than this many parameters.
 
     Returns:
@@ -46,12 +48,6 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
     if total > max_params:
         raise ValueError(f"config {c.name!r} has {total:,} parameters, more "
                          f"than max_params={max_params:,}: shrink it first")
-    bias = c.attention_bias
-    if c.mlp_bias != bias or (c.norm == "layer") != bias:
-        raise ValueError(f"build_small_model needs attention_bias, mlp_bias "
-                         f"and a LayerNorm all on or all off, got "
-                         f"attention_bias={bias}, mlp_bias={c.mlp_bias}, "
-                         f"norm={c.norm!r}")
     D, H = c.hidden_size, c.num_attention_heads
     if not c.is_mla and c.attention_head_dim * H != D:
         raise ValueError(f"head_dim must be None or hidden_size / heads = "
@@ -60,15 +56,20 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
         raise ValueError("rope_scaling (YaRN) is implemented for MLA "
                          "attention only (course_lib.model.mla); got it on "
                          f"config {c.name!r} without kv_lora_rank")
-    swiglu = c.hidden_act == "silu"
+    # the course's GELU is the exact one; GPT-2's "gelu_new" (tanh
+    # approximation) has the same parameters
+    act = "gelu" if c.hidden_act == "gelu_new" else c.hidden_act
+    swiglu = act == "silu"
     lm_cfg = DecoderLMConfig(
-        vocab_size=c.vocab_size, d_model=D, n_heads=H,
-        n_kv_heads=c.num_key_value_heads, n_layers=c.num_hidden_layers,
-        d_ff=max(c.intermediate_size, 1),
-        max_len=c.max_position_embeddings, positions=c.position,
-        rope_base=c.rope_theta,
-        norm=c.norm, ffn="swiglu" if swiglu else "gelu", bias=bias,
-        tie_embeddings=c.tie_word_embeddings)
+        vocab_size=c.vocab_size, hidden_size=D, num_attention_heads=H,
+        num_key_value_heads=c.num_key_value_heads,
+        num_hidden_layers=c.num_hidden_layers,
+        intermediate_size=max(c.intermediate_size, 1),
+        max_position_embeddings=c.max_position_embeddings,
+        position=c.position, rope_theta=c.rope_theta, norm=c.norm,
+        hidden_act=act,
+        attention_bias=c.attention_bias, mlp_bias=c.mlp_bias,
+        tie_word_embeddings=c.tie_word_embeddings)
 
     mla = None
     if c.is_mla:
@@ -83,22 +84,11 @@ def build_small_model(config: ModelConfig, *, max_params: int = 20_000_000):
         return MultiHeadLatentAttention(mla)
 
     def make_ffn(i: int):
-        E, k = c.n_routed_experts, c.num_experts_per_tok
         if i < c.first_k_dense_replace:
-            return SwiGLU(D, c.intermediate_size) if swiglu else \
-                FeedForward(D, c.intermediate_size, activation="gelu",
-                            bias=c.mlp_bias)
-        if c.scoring_func == "sigmoid":
-            gate = DeepSeekV3Router(
-                D, E, k, n_group=c.n_group or 1,
-                topk_group=c.topk_group or 1,
-                routed_scaling_factor=c.routed_scaling_factor,
-                norm_topk_prob=c.norm_topk_prob)
-        else:
-            gate = TopKRouter(D, E, k, normalize=c.norm_topk_prob)
-        return MoE(D, n_experts=E, top_k=k,
-                   d_expert=c.moe_intermediate_size,
-                   n_shared_experts=c.n_shared_experts, gate=gate)
+            return SwiGLU(D, c.intermediate_size, bias=c.mlp_bias) \
+                if swiglu else FeedForward(D, c.intermediate_size,
+                                           activation=act, bias=c.mlp_bias)
+        return moe_from_config(c)
 
     return DecoderLM(lm_cfg,
                      attention_factory=make_attention if c.is_mla else None,

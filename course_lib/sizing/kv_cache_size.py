@@ -16,15 +16,15 @@ __all__ = ["kv_values_per_token", "kv_cache_bytes"]
 
 
 # ------------------------------------------------------------ cache size
-def _config_int(config, *names, required=True):
-    """The first of ``names`` that ``config`` has, checked to be an int
-    >= 1; ``None`` if it has none and the field is not ``required``."""
+def _config_int(config, name, required=True):
+    """``config.name``, checked to be an int >= 1; ``None`` if the config
+    has no such field (or it is None) and it is not ``required``."""
     if not required:
-        value = config_field(config, *names, default=None)
+        value = config_field(config, name, default=None)
     else:
-        value = config_field(config, *names)
+        value = config_field(config, name)
     if value is not None:
-        check_int(f"config.{names[0]}", value, minimum=1)
+        check_int(f"config.{name}", value, minimum=1)
     return value
 
 
@@ -39,11 +39,10 @@ def kv_values_per_token(config, *, n_layers: int | None = None) -> int:
     $$\text{MHA/GQA/MQA: } 2 \cdot G \cdot d_h \cdot l, \qquad
     \text{MLA: } (d_c + d_h^R) \cdot l.$$
 
-    Attributes are read Hugging Face names first: layers
-    ``num_hidden_layers`` / ``n_layers``; width ``hidden_size`` /
-    ``d_model``; heads ``num_attention_heads`` / ``n_heads``; K/V heads
-    ``num_key_value_heads`` / ``n_kv_heads`` (None: $G = h$); $d_h$ =
-    ``head_dim`` if set, else width // heads. A config with a
+    Attributes have their Hugging Face names, as in every config of the
+    course: layers ``num_hidden_layers``; width ``hidden_size``; heads
+    ``num_attention_heads``; K/V heads ``num_key_value_heads`` (None:
+    $G = h$); $d_h$ = ``head_dim`` if set, else width // heads. A config with a
     ``kv_lora_rank`` that is not None is MLA: $d_c$ = ``kv_lora_rank``,
     $d_h^R$ = ``qk_rope_head_dim``.
 
@@ -56,7 +55,7 @@ def kv_values_per_token(config, *, n_layers: int | None = None) -> int:
         Values (not bytes) per token.
     """
     if n_layers is None:
-        n_layers = _config_int(config, "num_hidden_layers", "n_layers")
+        n_layers = _config_int(config, "num_hidden_layers")
     else:
         check_int("n_layers", n_layers, minimum=0)
     if config_field(config, "kv_lora_rank", default=None) is not None:
@@ -64,12 +63,12 @@ def kv_values_per_token(config, *, n_layers: int | None = None) -> int:
         d_c = _config_int(config, "kv_lora_rank")
         d_rope = _config_int(config, "qk_rope_head_dim")
         return (d_c + d_rope) * n_layers
-    heads = _config_int(config, "num_attention_heads", "n_heads")
-    kv_heads = _config_int(config, "num_key_value_heads", "n_kv_heads",
+    heads = _config_int(config, "num_attention_heads")
+    kv_heads = _config_int(config, "num_key_value_heads",
                            required=False) or heads
     head_dim = _config_int(config, "head_dim", required=False)
     if head_dim is None:
-        width = _config_int(config, "hidden_size", "d_model")
+        width = _config_int(config, "hidden_size")
         head_dim = width // heads
     # K and V: 2 G d_h values per layer
     return 2 * kv_heads * head_dim * n_layers

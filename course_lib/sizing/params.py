@@ -35,14 +35,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from numbers import Real
 
-from .._util.validation import check_bool, check_int
+from torch import nn
+
+from .._util.validation import check_bool, check_int, check_type
+from ..model.block import ffn_param_count, swiglu_param_count
+from ..model.mha import mha_param_count
 from ..model.mla import mla_param_count
 from .configs import ModelConfig, check_model_config
 
 __all__ = ["BYTES_PER_PARAM", "embedding_params", "mla_attention_params",
            "attention_params", "dense_ffn_params", "expert_params",
            "moe_layer_params", "norm_params", "lm_head_params", "mtp_params",
-           "ParamCount", "count_parameters", "weights_bytes"]
+           "num_parameters", "ParamCount", "count_parameters",
+           "weights_bytes"]
 
 # Storage per parameter; fp8 is DeepSeek-V3's and Kimi K2's release format.
 BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}
@@ -73,47 +78,52 @@ def mla_attention_params(config: ModelConfig) -> int:
 
 def attention_params(config: ModelConfig) -> int:
     r"""One attention layer: $D H d_h + 2 D G d_h + H d_h D$ (+ biases
-    $H d_h + 2 G d_h + D$) for MHA/GQA/MQA; MLA is delegated to
+    $H d_h + 2 G d_h + D$) for MHA/GQA/MQA, chapter 5's closed form
+    :func:`~course_lib.model.mha.mha_param_count`; MLA is delegated to
     :func:`mla_attention_params`.
     """
     c = check_model_config(config)
     if c.is_mla:
         return mla_attention_params(c)
-    D, H = c.hidden_size, c.num_attention_heads
-    G = c.num_key_value_heads or H
-    d_h = c.attention_head_dim
-    # W^Q (D, H d_h), W^K and W^V (D, G d_h), W^O (H d_h, D)
-    n = 2 * D * H * d_h + 2 * D * G * d_h
-    if c.attention_bias:
-        n += H * d_h + 2 * G * d_h + D
-    return n
+    return mha_param_count(d_model=c.hidden_size,
+                           n_heads=c.num_attention_heads,
+                           n_kv_heads=c.num_key_value_heads,
+                           bias=c.attention_bias,
+                           head_dim=c.attention_head_dim)
 
 
 def dense_ffn_params(config: ModelConfig, *, width: int | None = None
                      ) -> int:
     r"""One dense FFN of hidden width $I$ (default ``intermediate_size``):
-    SwiGLU $3DI$ (``hidden_act`` silu), else a two-matrix MLP $2DI$
-    (+ biases $I + D$ with ``mlp_bias``).
+    SwiGLU $3DI$ (``hidden_act`` silu; + biases $2I + D$ with
+    ``mlp_bias``), else a two-matrix MLP $2DI$ (+ biases $I + D$): chapter
+    6's closed forms :func:`~course_lib.model.block.swiglu_param_count`
+    and :func:`~course_lib.model.block.ffn_param_count`. Width 0 (a model
+    without dense layers) has none.
     """
     c = check_model_config(config)
     I = c.intermediate_size if width is None else width
     check_int("width", I, minimum=0)
-    D = c.hidden_size
+    if I == 0:
+        return 0
     if c.hidden_act == "silu":
         # gate_proj, up_proj (D, I); down_proj (I, D)
-        return 3 * D * I + (2 * I + D if c.mlp_bias else 0)
+        return swiglu_param_count(d_model=c.hidden_size, d_ff=I,
+                                  bias=c.mlp_bias)
     # c_fc (D, I), c_proj (I, D)
-    return 2 * D * I + (I + D if c.mlp_bias else 0)
+    return ffn_param_count(d_model=c.hidden_size, d_ff=I, bias=c.mlp_bias)
 
 
 def expert_params(config: ModelConfig) -> int:
-    r"""One expert: a SwiGLU of width ``moe_intermediate_size``, $3DI_e$.
+    r"""One expert: a SwiGLU of width ``moe_intermediate_size``, $3DI_e$
+    (:func:`~course_lib.model.block.swiglu_param_count`).
     """
     c = check_model_config(config)
     if not c.is_moe:
         raise ValueError(f"config must be MoE (n_routed_experts set), got "
                          f"n_routed_experts=None for {c.name!r}")
-    return 3 * c.hidden_size * c.moe_intermediate_size
+    return swiglu_param_count(d_model=c.hidden_size,
+                              d_ff=c.moe_intermediate_size)
 
 
 def moe_layer_params(config: ModelConfig) -> dict[str, int]:
@@ -165,6 +175,16 @@ def mtp_params(config: ModelConfig, *, with_copies: bool = True) -> int:
 
 
 # ------------------------------------------------------------ the total
+def num_parameters(model: nn.Module) -> int:
+    """Distinct parameter scalars of a built model (a tied matrix counts
+    once): what every closed form here must equal, from chapter 5's
+    attention to :func:`count_parameters` of a whole configuration.
+    """
+    check_type("model", model, nn.Module, "a torch.nn.Module")
+    return sum(p.numel() for p in model.parameters())
+
+
+
 @dataclass(frozen=True)
 class ParamCount:
     """Parameters of a model by component, the total and the active count

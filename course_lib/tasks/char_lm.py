@@ -42,8 +42,9 @@ CHECKPOINT_PATH = Path(__file__).resolve().parents[1] / "data" / \
     "char_lm_pydoc.pt"
 
 #: The architecture of the committed model.
-MODEL_CONFIG = dict(vocab_size=96, d_model=128, n_heads=4, n_layers=4,
-                    max_len=128, dropout=0.0)
+MODEL_CONFIG = dict(vocab_size=96, hidden_size=128, num_attention_heads=4,
+                    num_hidden_layers=4, max_position_embeddings=128,
+                    dropout=0.0)
 #: How ``make checkpoints`` trains it (AdamW, warmup, cosine, clip 1).
 TRAIN_SETTINGS = dict(steps=400, batch_size=32, length=128, lr=3e-3,
                       warmup_steps=50, weight_decay=0.1, seed=0,
@@ -87,7 +88,8 @@ def train_char_lm(*, steps: int, batch_size: int, length: int, lr: float,
     train_ids = vocab.encode(corpus.train)
     val_ids = vocab.encode(corpus.val[:eval_chars])
     torch.manual_seed(seed)
-    model = DecoderLM(char_lm_config(max_len=length, **config_overrides))
+    model = DecoderLM(char_lm_config(max_position_embeddings=length,
+                                     **config_overrides))
     eval_fn = (lambda m: bits_per_char(m, val_ids, context=length)
                * math.log(2)) if eval_every else None
     history = train(model, char_batches(train_ids, batch_size=batch_size,
@@ -164,7 +166,7 @@ def save_char_lm(path, model: DecoderLM, info: dict) -> None:
     config = {k: getattr(cfg, k) for k in MODEL_CONFIG}
     weights = {k: v.detach().to(torch.float16).clone()
                for k, v in model.state_dict().items()
-               if k != "lm_head.weight" or not cfg.tie_embeddings}
+               if k != "lm_head.weight" or not cfg.tie_word_embeddings}
     save_state_file(path, {"config": config, "weights": weights,
                            "info": info})
 
@@ -180,7 +182,7 @@ def load_char_lm(path=CHECKPOINT_PATH) -> tuple[DecoderLM, CharVocab]:
     state = _load_file(path)
     model = DecoderLM(DecoderLMConfig(**state["config"]))
     weights = {k: v.float() for k, v in state["weights"].items()}
-    if model.config.tie_embeddings:
+    if model.config.tie_word_embeddings:
         weights["lm_head.weight"] = weights["embed_tokens.weight"]
     model.load_state_dict(weights)
     return model.eval(), CharVocab()
@@ -193,4 +195,6 @@ def load_char_lm_info(path=CHECKPOINT_PATH) -> dict:
     loaded) and more; see ``scripts/train_char_lm.py``.
     """
     state = _load_file(path)
-    return {"config": dict(state["config"]), **state["info"]}
+    config = DecoderLMConfig(**state["config"])
+    return {"config": {k: getattr(config, k) for k in MODEL_CONFIG},
+            **state["info"]}

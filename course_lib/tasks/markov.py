@@ -337,7 +337,8 @@ def train_synthetic_lm(*, seed: int = 0, steps: int = 300,
     source, val, val_floor = _synthetic_language(length)
     torch.manual_seed(seed)
     model = DecoderLM(DecoderLMConfig(
-        vocab_size=16, d_model=64, n_heads=4, n_layers=2, max_len=length))
+        vocab_size=16, hidden_size=64, num_attention_heads=4,
+        num_hidden_layers=2, max_position_embeddings=length))
     history = train(model, lm_batches(source, batch_size=batch_size,
                                       length=length, seed=seed + 1),
                     steps=steps, lr=lr, warmup_steps=warmup_steps,
@@ -372,6 +373,7 @@ def load_synthetic_lm(path=SYNTHETIC_LM_PATH) -> LMRun:
                             " (run `make checkpoints`)")
     model = DecoderLM(DecoderLMConfig(**state["config"]))
     model.load_state_dict(state["weights"])
-    source, val, val_floor = _synthetic_language(model.config.max_len)
+    source, val, val_floor = _synthetic_language(
+        model.config.max_position_embeddings)
     return LMRun(model.eval(), History(**state["history"]), source, val,
                  entropy_rate(source), val_floor)

@@ -227,13 +227,14 @@ def translation_model(task: TranslationTask, *, seed: int = 0
     torch.manual_seed(seed)
     model = Transformer(TransformerConfig(
         src_vocab_size=len(task.src_vocab),
-        tgt_vocab_size=len(task.tgt_vocab), d_model=64, n_heads=4,
-        d_ff=128, n_layers=2, dropout=0.1, max_len=16,
+        tgt_vocab_size=len(task.tgt_vocab), hidden_size=64,
+        num_attention_heads=4, intermediate_size=128, num_hidden_layers=2,
+        dropout=0.1, max_position_embeddings=16,
         share_src_tgt_embeddings=False))
     # Redraw the embeddings (same law). Transformer.__init__ once drew them
     # in a varying order; the redraw keeps the run recorded in chapter 7.
     for emb in (model.src_embed, model.tgt_embed):
-        nn.init.normal_(emb.weight, std=model.config.d_model ** -0.5)
+        nn.init.normal_(emb.weight, std=model.config.hidden_size ** -0.5)
     return model
 
 
