@@ -76,24 +76,23 @@ def test_update_bias_bad_input():
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
 # Tests added because a mutant of course_lib.model.load_balancing survived the
-# ones above.
-def test_expert_load_edges_and_messages():
+# ones above. (The messages in full:
+# tests/pins/test_load_balancing_messages.py.)
+def test_expert_load_edges():
     # the highest expert id, E - 1, is valid; leading dims are flattened
     idx = torch.tensor([[[2], [2]], [[0], [2]]])               # (2, 2, 1)
     assert expert_load(idx, 3).tolist() == [1, 0, 3]
     assert expert_load(torch.zeros(0, 2, dtype=torch.long), 1).tolist() \
         == [0]                                   # no tokens, E = 1 allowed
-    with pytest.raises(ValueError, match=r"^indices must lie in \[0, 3\), got "
-                       r"values in \[-1, 2\]$"):
+    with pytest.raises(ValueError, match="indices must lie in"):
         expert_load(torch.tensor([[2], [-1]]), 3)
-    with pytest.raises(ValueError, match=r"^indices must be a long tensor, got "
-                       r"\[0, 1\]$"):
+    with pytest.raises(ValueError, match="indices must be a long tensor"):
         expert_load([0, 1], 3)
-    with pytest.raises(ValueError, match=r"^n_experts must be >= 1, got 0$"):
+    with pytest.raises(ValueError, match="n_experts"):
         expert_load(torch.tensor([0]), 0)
 
 
-def test_load_balancing_loss_no_tokens_one_expert_and_messages():
+def test_load_balancing_loss_no_tokens_and_one_expert():
     z = load_balancing_loss(torch.zeros(0, 3), torch.zeros(0, 2,
                                                            dtype=torch.long), 3)
     assert z.shape == () and z.item() == 0.0
@@ -104,30 +103,24 @@ def test_load_balancing_loss_no_tokens_one_expert_and_messages():
     one = load_balancing_loss(torch.ones(4, 1), torch.zeros(4, 1,
                                                             dtype=torch.long), 1)
     assert one.item() == 1.0
-    with pytest.raises(ValueError, match=r"^probs must have shape \(N, 3\) or "
-                       r"\(B, T, 3\), got \(2, 3, 4, 3\)$"):
+    with pytest.raises(ValueError, match="probs must have shape"):
         load_balancing_loss(torch.rand(2, 3, 4, 3),
                             torch.zeros(2, 3, 4, 1, dtype=torch.long), 3)
-    with pytest.raises(ValueError, match=r"^probs must have shape \(N, 3\) or "
-                       r"\(B, T, 3\), got \(4,\)$"):
+    with pytest.raises(ValueError, match="probs must have shape"):
         load_balancing_loss(torch.rand(4), torch.zeros(4, 1,
                                                        dtype=torch.long), 3)
-    with pytest.raises(ValueError, match=r"^probs must have shape .* got "
-                       r"'p'$"):
+    with pytest.raises(ValueError, match="probs must have shape"):
         load_balancing_loss("p", torch.zeros(4, 1, dtype=torch.long), 3)
-    with pytest.raises(ValueError, match=r"^indices must be a long tensor of "
-                       r"shape \(2, 4\) \+ \(k,\), got \(2, 5, 1\)$"):
+    with pytest.raises(ValueError, match="indices must be a long tensor"):
         load_balancing_loss(torch.rand(2, 4, 3),
                             torch.zeros(2, 5, 1, dtype=torch.long), 3)
-    with pytest.raises(ValueError, match=r"^indices must be a long tensor of "
-                       r"shape \(4,\) \+ \(k,\), got \(4, 1\)$"):
+    with pytest.raises(ValueError, match="indices must be a long tensor"):
         load_balancing_loss(torch.rand(4, 3), torch.zeros(4, 1), 3)
-    with pytest.raises(ValueError, match=r"^indices must be a long tensor of "
-                       r"shape \(4,\) \+ \(k,\), got 'i'$"):
+    with pytest.raises(ValueError, match="indices must be a long tensor"):
         load_balancing_loss(torch.rand(4, 3), "i", 3)
     with pytest.raises(ValueError, match=r"^indices must lie in \[0, 3\)"):
         load_balancing_loss(torch.rand(1, 3), torch.tensor([[3]]), 3)
-    with pytest.raises(ValueError, match=r"^n_experts must be >= 1, got 0$"):
+    with pytest.raises(ValueError, match="n_experts"):
         load_balancing_loss(torch.rand(1, 3), torch.tensor([[0]]), 0)
 
 
@@ -142,7 +135,7 @@ def test_load_balancing_loss_by_hand_per_sequence():
     assert loss.item() == pytest.approx((seq0 + seq1) / 2, abs=1e-12)
 
 
-def test_update_bias_gamma_zero_dtypes_and_messages():
+def test_update_bias_gamma_zero_and_dtypes():
     b = torch.tensor([0.5, -0.5, 0.0], dtype=torch.float64)
     load = torch.tensor([1, 7, 1])                      # long, mean 3
     assert torch.equal(update_bias(b, load, gamma=0.0), b)
@@ -154,14 +147,11 @@ def test_update_bias_gamma_zero_dtypes_and_messages():
                        gamma=1.0).tolist() == [1.0, -1.0]
     with pytest.raises(TypeError, match=r"^gamma must be a real number"):
         update_bias(b, load, gamma="0.1")
-    with pytest.raises(ValueError, match=r"^bias must be a 1-D tensor \(E,\), "
-                       r"got tensor\(\[\[0\.\]\]\)$"):
+    with pytest.raises(ValueError, match="bias must be a 1-D tensor"):
         update_bias(torch.zeros(1, 1), torch.zeros(1), gamma=0.1)
-    with pytest.raises(ValueError, match=r"^load must be a 1-D tensor \(E,\), "
-                       r"got \[1, 2\]$"):
+    with pytest.raises(ValueError, match="load must be a 1-D tensor"):
         update_bias(torch.zeros(2), [1, 2], gamma=0.1)
-    with pytest.raises(ValueError, match=r"^load must have shape \(3,\), got "
-                       r"\(4,\)$"):
+    with pytest.raises(ValueError, match="load must have shape"):
         update_bias(torch.zeros(3), torch.zeros(4), gamma=0.1)
 
 

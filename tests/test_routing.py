@@ -7,7 +7,6 @@ import torch
 from course_lib.model.load_balancing import expert_load
 from course_lib.model.routing import (DeepSeekV3Router, Routing, TopKRouter,
                                       group_limited_mask, select_top_k)
-from errors import error_for
 
 torch.manual_seed(123)
 
@@ -206,6 +205,7 @@ def test_router_update_bias_in_place_rebalances():
 
 # ------------------------------------ mutation testing (benchmarks/mutation.md)
 # Tests added because a mutant of course_lib.model.routing survived the ones above.
+# (The messages in full: tests/pins/test_routing_messages.py.)
 def _v3_with_scores(s, **kw):
     """A V3 router whose sigmoid affinities for the one-hot token e_0 are
     ``s``: d_model = 1, weight = logit(s)."""
@@ -226,23 +226,16 @@ def test_v3_two_groups_keep_the_best_group_by_hand():
     assert sorted(free(torch.ones(1, 1)).indices[0].tolist()) == [0, 4]
 
 
-def test_router_argument_edges_and_messages():
+def test_router_argument_edges():
     TopKRouter(1, 1, 1)(torch.ones(3, 1))              # smallest sizes
     r = TopKRouter(4, 3, 1)
     assert r(torch.randn(4)).indices.shape == (1, 1)   # one token, 1-D
-    for args, msg in (((0, 3, 1), r"^d_model must be >= 1, got 0$"),
-                      ((4, 0, 1), r"^n_experts must be >= 1, got 0$")):
-        with pytest.raises(error_for(msg), match=msg):
+    for args, name in (((0, 3, 1), "d_model"), ((4, 0, 1), "n_experts")):
+        with pytest.raises(ValueError, match=name):
             TopKRouter(*args)
-    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., 4\), "
-                       r"got \(2, 3\)$"):
-        r(torch.zeros(2, 3))
-    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., 4\), "
-                       r"got \[1\.0\]$"):
-        r([1.0])
-    with pytest.raises(ValueError, match=r"^x must have shape \(\.\.\., 4\), "
-                       r"got \(\)$"):
-        r(torch.tensor(1.0))
+    for x in (torch.zeros(2, 3), [1.0], torch.tensor(1.0)):
+        with pytest.raises(ValueError, match=r"^x must have shape"):
+            r(x)
     p = torch.tensor([[0.5, 0.3, 0.2]])
     idx, _ = select_top_k(p, 3)                        # k = E is allowed
     assert idx.tolist() == [[0, 1, 2]]
@@ -261,24 +254,21 @@ def test_router_init_scale_and_unnormalised_gates():
     assert torch.equal(out.indices, top.indices)
 
 
-def test_group_limited_mask_and_v3_edges_and_messages():
+def test_group_limited_mask_and_v3_edges():
     s = torch.rand(2, 8)
     assert group_limited_mask(s, n_group=1, topk_group=1).all()
     assert group_limited_mask(s, n_group=4, topk_group=4).all()
-    with pytest.raises(ValueError, match=r"^scores must be a tensor \(N, E\), "
-                       r"got \[1\]$"):
+    with pytest.raises(ValueError, match="scores must be a tensor"):
         group_limited_mask([1], n_group=1, topk_group=1)
-    for kw, msg in ((dict(n_group=0, topk_group=1),
-                     r"^n_group must be >= 1, got 0$"),
-                    (dict(n_group=2, topk_group=0),
-                     r"^topk_group must be >= 1, got 0$")):
-        with pytest.raises(error_for(msg), match=msg):
+    for kw, name in ((dict(n_group=0, topk_group=1), "n_group"),
+                     (dict(n_group=2, topk_group=0), "topk_group")):
+        with pytest.raises(ValueError, match=name):
             group_limited_mask(s, **kw)
-        with pytest.raises(error_for(msg), match=msg):
+        with pytest.raises(ValueError, match=name):
             DeepSeekV3Router(4, 8, 2, **kw)
     DeepSeekV3Router(4, 8, 4, n_group=4, topk_group=2)  # top_k = 2 * 2
-    with pytest.raises(ValueError, match=r"^top_k must be <= experts in the "
-                       r"kept groups \(4\), got 5$"):
+    with pytest.raises(ValueError, match="top_k must be <= experts in the "
+                       "kept groups"):
         DeepSeekV3Router(4, 8, 5, n_group=4, topk_group=2)
 
 
