@@ -449,3 +449,48 @@ def test_positive_infinite_logits_are_rejected():
                  lambda: sampling.top_k_filter(z, 1)):
         with pytest.raises(ValueError, match=r"logits must not contain \+inf"):
             call()
+
+
+# -------------------------------------------- edges of the sampling chain
+def test_temperature_on_a_batch_that_overflows_matches_each_row_alone():
+    # z / tau overflows in row 1 only; the shift by the row's own maximum
+    # must give every row the distribution it has on its own
+    z = torch.tensor([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0]])
+    tau = 1e-38
+    batch = torch.softmax(sampling.apply_temperature(z, tau), dim=-1)
+    assert torch.isfinite(batch).all()
+    for i in range(2):
+        alone = torch.softmax(sampling.apply_temperature(z[i], tau), dim=-1)
+        torch.testing.assert_close(batch[i], alone)
+
+
+def test_temperature_zero_keeps_logit_0_at_the_first_maximum_only():
+    out = sampling.apply_temperature(torch.tensor([1.0, 3.0, 2.0, 3.0]), 0)
+    assert out.tolist() == [INF, 0.0, INF, INF]
+
+
+def test_temperature_keeps_float64_precision():
+    z = torch.tensor([0.0, 1e-12], dtype=torch.float64)
+    out = sampling.apply_temperature(z, 1.0)
+    assert out.dtype == torch.float64 and out[1].item() == 1e-12
+
+
+def test_a_vocabulary_of_one_token_is_valid_and_a_scalar_is_not():
+    assert sampling.sample_next(torch.tensor([0.5])).item() == 0
+    assert sampling.sample_next(torch.tensor([[0.5], [2.0]]),
+                                temperature=0).tolist() == [0, 0]
+    with pytest.raises(ValueError, match="logits must have shape"):
+        sampling.sample_next(torch.tensor(1.0))
+
+
+def test_a_context_window_of_one_token_is_allowed():
+    seen = []
+
+    class Last(torch.nn.Module):
+        def forward(self, idx):
+            seen.append(idx.shape[1])
+            return F.one_hot((idx + 1) % 5, 5).float()      # (B, T, 5)
+
+    out = sampling.generate(Last(), torch.tensor([[0, 1, 2]]), 3,
+                            temperature=0, max_len=1)
+    assert out.tolist() == [[0, 1, 2, 3, 4, 0]] and seen == [1, 1, 1]
