@@ -14,3 +14,9 @@ TYPE_WORDS = re.compile(
 def error_for(message: str) -> type[Exception]:
     """TypeError if ``message`` says a type was expected, else ValueError."""
     return TypeError if TYPE_WORDS.search(message) else ValueError
+
+
+def whole_message(text: str) -> str:
+    """A ``pytest.raises(match=...)`` pattern for exactly ``text``, taken
+    literally (its brackets and dots are not regex syntax)."""
+    return "^" + re.escape(text) + "$"

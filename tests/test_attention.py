@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from course_lib.model import attention, masks
 from course_lib.experiments import attention_cost, score_scaling
+from errors import whole_message
 
 
 @pytest.fixture(autouse=True)
@@ -368,12 +369,6 @@ def test_profile_fused_attention_finds_kernel_and_small_memory(capfd):
 # Tests added because a mutant of course_lib.model.attention survived the ones
 # above (benchmarks/mutation.md, "attention survivors and why").
 # (The messages in full: tests/pins/test_attention_messages.py.)
-def _full(pattern):
-    """pytest.raises match for a whole message, given literally."""
-    import re
-    return "^" + re.escape(pattern) + "$"
-
-
 def test_attention_inputs_rejected_naming_the_argument():
     q, k, v = _qkv(2)
     sdpa = attention.scaled_dot_product_attention
@@ -562,7 +557,7 @@ def test_profile_fused_attention_defaults_arguments_and_sum(monkeypatch):
                         ({"n_heads": 0}, "n_heads must be >= 1, got 0"),
                         ({"d_k": 0}, "d_k must be >= 1, got 0")):
         kw = {"length": 2, **kw}
-        with pytest.raises(ValueError, match=_full(message)):
+        with pytest.raises(ValueError, match=whole_message(message)):
             attention_cost.profile_fused_attention(kw.pop("length"), **kw)
 
 
@@ -616,11 +611,11 @@ def test_time_attention_causal_and_seed_by_hand(fake_clock, monkeypatch):
             assert torch.equal(torch.stack([q, k, v]), qkv)
             if i > 0:    # the timed calls (the first only sizes the weights)
                 assert mask.dtype == torch.bool and torch.equal(mask, tril)
-    with pytest.raises(ValueError, match=_full(
+    with pytest.raises(ValueError, match=whole_message(
             "each of lengths must be >= 1, got 0")):
         attention_cost.time_attention([0])
     for name in ("d_k", "batch", "n_heads", "repeats"):
-        with pytest.raises(ValueError, match=_full(
+        with pytest.raises(ValueError, match=whole_message(
                 f"{name} must be >= 1, got 0")):
             attention_cost.time_attention([2], **{name: 0})
 

@@ -10,16 +10,10 @@ import matplotlib
 import torch
 
 from course_lib.experiments import mask_probes
+from test_masking import _filled
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
-
-
-def _filled(image):
-    """An AxesImage's data as a float array, masked cells as NaN."""
-    import numpy as np
-    return np.ma.filled(np.ma.asarray(image.get_array(), dtype=float),
-                        np.nan)
 
 
 def test_draw_mask_every_artist_by_hand():

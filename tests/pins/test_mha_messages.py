@@ -12,15 +12,12 @@ import torch
 
 from course_lib.model.mha import MultiHeadAttention
 from course_lib.model.rope import RotaryEmbedding
+from errors import whole_message
 
 
 def test_mha_messages_in_full():
-    import re
-
     from course_lib.model.kv_cache import LayerKVCache
 
-    def full(text):
-        return "^" + re.escape(text) + "$"
     mha = MultiHeadAttention(16, 2)
     x = torch.randn(2, 5, 16)
     for call, message in (
@@ -30,7 +27,7 @@ def test_mha_messages_in_full():
              "context must have shape (B=2, S, d_model=16), got (3, 4, 16)"),
             (lambda: mha(x, context=x, cache=LayerKVCache()),
              "cache is for self-attention: pass context=None with a cache")):
-        with pytest.raises(ValueError, match=full(message)):
+        with pytest.raises(ValueError, match=whole_message(message)):
             call()
     with pytest.raises(ValueError, match=r"^rope.head_dim must be 4, got 8$"):
         MultiHeadAttention(8, 2, rope=RotaryEmbedding(8))
