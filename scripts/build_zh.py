@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import zh_translations as zt  # noqa: E402
+from course_lib.notebook.glue import fill_glue  # noqa: E402
 
 OUT = ROOT / "zh" / "book"
 LANGUAGE_CELL = ("# 中文版：练习和交互式图表使用中文。\n"
@@ -93,6 +94,7 @@ def zh_notebook(english: dict, cells: dict, strings: dict) -> dict:
     if not any(c.get("id") == "zh-language" for c in out):
         raise SystemExit("no colab-setup cell to put the language cell after")
     nb["cells"] = out
+    fill_glue(nb)                   # the English run's numbers until run
     return nb
 
 

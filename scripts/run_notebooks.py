@@ -4,7 +4,10 @@ The stored outputs are what the HTML book shows and what nbval compares
 against, so run this after changing a chapter or course_lib:
 ``python scripts/run_notebooks.py [NOTEBOOK ...]`` (default: all of book/).
 Each notebook runs in a fresh kernel with ``book/`` as working directory,
-exactly as nbval runs it. The wall time of each is printed.
+exactly as nbval runs it. The wall time of each is printed. After the
+run, every number the prose takes from a computation
+(``<!--glue:name-->...<!--/glue-->``) is rewritten from the value the
+notebook glued (``course_lib.notebook.glue``).
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from sync_setup_cells import load_config, sync  # noqa: E402
+
+from course_lib.notebook.glue import fill_glue  # noqa: E402
 
 
 def run(path: Path, timeout: int = 600) -> float:
@@ -35,7 +40,11 @@ def run(path: Path, timeout: int = 600) -> float:
     client.execute()
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)
+    missing = fill_glue(nb)
     nbformat.write(nb, path)
+    if missing:
+        raise SystemExit(f"{path}: the prose uses glue names that no cell "
+                         f"records: {', '.join(sorted(set(missing)))}")
     return elapsed
 
 

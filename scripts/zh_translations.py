@@ -44,7 +44,9 @@ delete the old entry.
 ``check`` also compares what must not change in translation: the math
 (every ``$...$`` and ``$$...$$``, as a multiset), the MyST labels
 ``(name)=``, the targets of ``{ref}``, ``{numref}``, ``{doc}``,
-``{cite:p}``, ``{cite:t}`` and ``{term}`` roles, and the inline code spans.
+``{cite:p}``, ``{cite:t}`` and ``{term}`` roles, the inline code spans, and
+the names of the glued numbers (``<!--glue:name-->``; the number between
+the markers is written by the run, so it may differ until ``make zh``).
 """
 from __future__ import annotations
 
@@ -61,9 +63,20 @@ BOOK = ROOT / "book"
 ZH = ROOT / "course_lib" / "notebook" / "locale" / "zh"
 
 
+_GLUED = re.compile(r"(<!--glue:\w+-->).*?(<!--/glue-->)", re.S)
+
+
+def without_glued_values(text: str) -> str:
+    """``text`` with every glued number left out (its markers kept): a
+    run that changes a glued number changes no translation."""
+    return _GLUED.sub(r"\1\2", text)
+
+
 def sha(text: str) -> str:
-    """Hash of an English cell's text (16 hex digits of SHA-256)."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """Hash of an English cell's text, glued numbers left out (16 hex
+    digits of SHA-256)."""
+    return hashlib.sha256(
+        without_glued_values(text).encode()).hexdigest()[:16]
 
 
 # Markdown pages of the book: one "cell" each, the whole page (``stale``
@@ -196,6 +209,7 @@ _MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+?\$", re.S)   # may wrap lines
 _LABEL = re.compile(r"^\(([\w:.-]+)\)=\s*$", re.M)
 _ROLE = re.compile(r"\{(ref|numref|doc|cite:p|cite:t|term)\}`([^`]*)`")
 _CODE = re.compile(r"(?<!`)`([^`]+)`(?!`)")              # may wrap lines
+_GLUE = re.compile(r"<!--glue:(\w+)-->")
 
 
 def _role_target(kind: str, body: str) -> str:
@@ -216,6 +230,7 @@ def invariants(text: str) -> dict[str, collections.Counter]:
         "roles": collections.Counter(roles),
         "code": collections.Counter(
             re.sub(r"\s+", " ", c) for c in _CODE.findall(no_roles)),
+        "glue": collections.Counter(_GLUE.findall(text)),
     }
 
 

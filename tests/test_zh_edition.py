@@ -72,8 +72,9 @@ def test_chinese_notebook_is_the_english_one_in_chinese(english):
     for e, z in zip(en, zh):
         where = f"{english.stem} cell {e['id']}"
         if e["cell_type"] == "markdown":
-            assert "".join(z["source"]) == bz.chinese(
-                translations[e["id"]]), f"{where}: run `make zh`"
+            assert zt.without_glued_values("".join(z["source"])) == \
+                zt.without_glued_values(bz.chinese(translations[e["id"]])), \
+                f"{where}: run `make zh`"
             continue
         assert z["source"] == e["source"], where
         assert z["metadata"].get("tags", []) == \
