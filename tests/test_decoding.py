@@ -392,6 +392,10 @@ def test_decode_throughput_checks_sizes_and_flags_first():
         with pytest.raises(ValueError, match="prompt_len"):
             decoding.decode_throughput(lm, new_tokens=2, use_cache=True,
                                        **kw)
+    # a long generation from a short prompt is refused before it starts
+    with pytest.raises(ValueError, match="new_tokens"):
+        decoding.decode_throughput(lm, prompt_len=4, new_tokens=10**9,
+                                   use_cache=True)
     with pytest.raises(TypeError, match="use_cache"):
         decoding.decode_throughput(lm, prompt_len=4, new_tokens=2,
                                    use_cache="False")

@@ -201,6 +201,16 @@ def test_param_count_formula(d_model, n_heads, n_kv_heads, bias):
                                 n_kv_heads=n_kv_heads, bias=bias)
 
 
+def test_param_count_with_a_head_width_of_its_own():
+    # A published model may choose d_k != D / h (chapter 12): W^Q and W^O
+    # are D x h d_k, W^K and W^V D x g d_k; counted by hand here.
+    assert mha_param_count(d_model=64, n_heads=4, n_kv_heads=2, bias=False,
+                           head_dim=32) == 2 * 64 * 4 * 32 + 2 * 64 * 2 * 32
+    assert mha_param_count(d_model=64, n_heads=4, n_kv_heads=2,
+                           head_dim=32) == (2 * 64 * 4 * 32 + 2 * 64 * 2 * 32
+                                            + 4 * 32 + 64 + 2 * 2 * 32)
+
+
 def test_param_count_paper_values():
     d = 512
     assert mha_param_count(d_model=d, n_heads=8) == 4 * d * d + 4 * d

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from course_lib.generation import decoding
-from test_decoding import IdClock, generate
+from errors import whole_message
+from test_decoding import IdClock, generate, tiny_lm
 
 
 def test_decode_throughput_bad_input_messages():
@@ -30,3 +31,15 @@ def test_model_config_message_names_the_model():
                        r"\(e\.g\. a DecoderLM\) to use a cache, got "
                        r"Identity$"):
         generate(torch.nn.Identity(), torch.tensor([1, 2]), 2)
+
+
+def test_decode_throughput_flag_and_size_messages_in_full():
+    lm = tiny_lm()
+    with pytest.raises(TypeError, match=whole_message(
+            "use_cache must be a bool, got str 'yes'")):
+        decoding.decode_throughput(lm, prompt_len=2, new_tokens=2,
+                                   use_cache="yes")
+    with pytest.raises(ValueError, match=r"^batch_size \* \(prompt_len \+ "
+                       r"new_tokens\) \* vocab_size asks for "):
+        decoding.decode_throughput(lm, prompt_len=4, new_tokens=10**9,
+                                   use_cache=True)

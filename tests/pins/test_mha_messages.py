@@ -31,3 +31,17 @@ def test_mha_messages_in_full():
             call()
     with pytest.raises(ValueError, match=r"^rope.head_dim must be 4, got 8$"):
         MultiHeadAttention(8, 2, rope=RotaryEmbedding(8))
+
+
+def test_flag_rope_and_mask_messages_in_full():
+    with pytest.raises(TypeError, match=whole_message(
+            "bias must be a bool, got str 'no'")):
+        MultiHeadAttention(16, 2, bias="no")
+    with pytest.raises(TypeError, match=whole_message(
+            "rope must be a RotaryEmbedding, got str")):
+        MultiHeadAttention(16, 2, rope="r")
+    mha = MultiHeadAttention(16, 2)
+    with pytest.raises(ValueError, match=whole_message(
+            "mask of shape (3, 5, 5) does not broadcast to (2, 2, 5, 5); "
+            "expected (T, S), (B, 1, S), (B, T, S) or (B, H, T, S)")):
+        mha(torch.randn(2, 5, 16), mask=torch.ones(3, 5, 5, dtype=torch.bool))
