@@ -300,3 +300,19 @@ def test_model_cache_layers_share_its_limit():
         cache[2].update(torch.zeros(1, 5, 2))      # each layer enforces it
     with pytest.raises(ValueError, match="n_layers"):
         KVCache(0)
+    # at most MAX_LAYERS (4,096) layers: more is a mistake, not a model
+    from course_lib.model.kv_cache import MAX_LAYERS
+    assert len(KVCache(MAX_LAYERS).layers) == MAX_LAYERS
+    with pytest.raises(ValueError, match="n_layers"):
+        KVCache(MAX_LAYERS + 1)
+
+
+def test_cache_of_one_tensor_per_position_appends_and_checks_the_batch():
+    # MLA caches a latent (and a RoPE key): update takes any number of
+    # tensors, one is enough
+    c = LayerKVCache()
+    c.update(torch.zeros(2, 3, 4))
+    (out,) = c.update(torch.ones(2, 1, 4))
+    assert out.shape == (2, 4, 4) and out[:, 3].eq(1).all()
+    with pytest.raises(ValueError, match="batch size"):
+        c.update(torch.zeros(3, 1, 4))

@@ -178,3 +178,11 @@ def test_load_balancing_loss_needs_a_chosen_expert_per_token():
     probs = torch.full((3, 4), 0.25)
     with pytest.raises(ValueError, match="indices"):
         load_balancing_loss(probs, torch.zeros(3, 0, dtype=torch.long), 4)
+
+
+@pytest.mark.parametrize("shape", [(4, 0), (2, 3, 0)])
+def test_loss_refuses_tokens_that_choose_no_expert(shape):
+    # f_i would be 0 / 0; (B, T, k) batches are refused like (N, k) ones
+    probs = torch.full(shape[:-1] + (5,), 0.2)
+    with pytest.raises(ValueError, match="k >= 1"):
+        load_balancing_loss(probs, torch.zeros(shape, dtype=torch.long), 5)

@@ -204,6 +204,18 @@ def test_saturation_stats_rejects_huge_sizes_and_string_flags():
         score_scaling.saturation_stats(8, scaled="False")
 
 
+def test_saturation_stats_bound_counts_keys_values_and_scores(monkeypatch):
+    # Each factor matters: many keys with narrow vectors (the n x n scores
+    # dominate), and wide values next to a few keys, are both refused.
+    with pytest.raises(ValueError, match="n_keys"):
+        score_scaling.saturation_stats(1, n_keys=2**14, n_rows=1, d_v=1)
+    from course_lib._util import validation
+    monkeypatch.setattr(validation, "MAX_ELEMENTS", 10_000)
+    with pytest.raises(ValueError, match="d_v"):     # 10 x (1 + 1000 + 10)
+        score_scaling.saturation_stats(1, n_keys=10, n_rows=1, d_v=1000)
+    score_scaling.saturation_stats(1, n_keys=10, n_rows=1, d_v=980)  # 9,910
+
+
 def test_softmax_jacobian_rejects_a_huge_jacobian():
     with pytest.raises(ValueError, match="z"):
         score_scaling.softmax_jacobian(torch.zeros(10**5))

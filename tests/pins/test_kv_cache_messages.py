@@ -47,3 +47,9 @@ def test_cache_overflow_message():
 def test_model_cache_n_layers_message():
     with pytest.raises(ValueError, match=r"^n_layers must be >= 1, got 0$"):
         KVCache(0)
+
+
+def test_too_many_layers_message_in_full():
+    with pytest.raises(ValueError,
+                       match=r"^n_layers must be <= 4,096, got 4,097$"):
+        KVCache(4097)

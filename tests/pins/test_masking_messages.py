@@ -76,3 +76,10 @@ def test_draw_mask_bad_input_messages():
                        r"like mask, got \(2, 3\)$"):
         mask_probes.draw_mask(ax, torch.ones(2, 2, dtype=torch.bool),
                     weights=torch.ones(2, 3))
+
+
+def test_padding_mask_size_message_names_the_product():
+    with pytest.raises(ValueError, match=r"^len\(lengths\) \* max_len asks "
+                       r"for 536,870,912 values \(2\.0 GiB as float32\), more "
+                       r"than the 268,435,456 one call may allocate$"):
+        masks.padding_mask([1] * 4, 2**27)
