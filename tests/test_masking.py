@@ -335,6 +335,9 @@ def test_padding_mask_full_length_and_bad_lengths():
     with pytest.raises(ValueError, match=r"^each of lengths must be <= 4, "
                        r"got 5$"):
         masks.padding_mask([5, 1], 4)
+    # a long rectangle is refused before allocating (2^29 entries)
+    with pytest.raises(ValueError, match="k_len"):
+        masks.causal_mask(2**15, 2**14)
     # many sequences times a long max_len is refused before allocating
     # (2^29 values; either factor alone is fine)
     with pytest.raises(ValueError, match="max_len"):

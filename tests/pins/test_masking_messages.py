@@ -83,3 +83,9 @@ def test_padding_mask_size_message_names_the_product():
                        r"for 536,870,912 values \(2\.0 GiB as float32\), more "
                        r"than the 268,435,456 one call may allocate$"):
         masks.padding_mask([1] * 4, 2**27)
+
+
+def test_causal_mask_size_message_names_the_product():
+    with pytest.raises(ValueError, match=r"^q_len \* k_len asks for "
+                       r"536,870,912 values "):
+        masks.causal_mask(2**15, 2**14)
