@@ -58,18 +58,17 @@ import re
 import sys
 from pathlib import Path
 
+from course_lib.notebook.glue import MARKER as GLUE_MARKER
+
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 ZH = ROOT / "course_lib" / "notebook" / "locale" / "zh"
 
 
-_GLUED = re.compile(r"(<!--glue:\w+-->).*?(<!--/glue-->)", re.S)
-
-
 def without_glued_values(text: str) -> str:
     """``text`` with every glued number left out (its markers kept): a
     run that changes a glued number changes no translation."""
-    return _GLUED.sub(r"\1\2", text)
+    return GLUE_MARKER.sub(r"<!--glue:\1--><!--/glue-->", text)
 
 
 def sha(text: str) -> str:
@@ -209,7 +208,6 @@ _MATH = re.compile(r"\$\$.+?\$\$|\$[^$]+?\$", re.S)   # may wrap lines
 _LABEL = re.compile(r"^\(([\w:.-]+)\)=\s*$", re.M)
 _ROLE = re.compile(r"\{(ref|numref|doc|cite:p|cite:t|term)\}`([^`]*)`")
 _CODE = re.compile(r"(?<!`)`([^`]+)`(?!`)")              # may wrap lines
-_GLUE = re.compile(r"<!--glue:(\w+)-->")
 
 
 def _role_target(kind: str, body: str) -> str:
@@ -230,7 +228,8 @@ def invariants(text: str) -> dict[str, collections.Counter]:
         "roles": collections.Counter(roles),
         "code": collections.Counter(
             re.sub(r"\s+", " ", c) for c in _CODE.findall(no_roles)),
-        "glue": collections.Counter(_GLUE.findall(text)),
+        "glue": collections.Counter(
+            m.group(1) for m in GLUE_MARKER.finditer(text)),
     }
 
 

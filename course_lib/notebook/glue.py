@@ -60,6 +60,12 @@ def glue(name: str, value: Any, fmt: str = "") -> None:
                                     "mime_prefix": GLUE_PREFIX}})
 
 
+def _joined(text: str | list[str]) -> str:
+    """A notebook's text field: one string, or the list of lines stored
+    on disk."""
+    return text if isinstance(text, str) else "".join(text)
+
+
 def glued_values(nb: dict) -> dict[str, str]:
     """Every glued ``name -> text`` in a notebook's stored outputs.
 
@@ -71,9 +77,7 @@ def glued_values(nb: dict) -> dict[str, str]:
             record = out.get("metadata", {}).get("scrapbook")
             data = out.get("data", {})
             if record and GLUE_MIME in data:
-                text = data[GLUE_MIME]
-                values[record["name"]] = (text if isinstance(text, str)
-                                          else "".join(text))
+                values[record["name"]] = _joined(data[GLUE_MIME])
     return values
 
 
@@ -96,8 +100,7 @@ def fill_glue(nb: dict) -> list[str]:
     for cell in nb["cells"]:
         if cell["cell_type"] != "markdown":
             continue
-        source = cell["source"]
-        text = source if isinstance(source, str) else "".join(source)
+        text = _joined(cell["source"])
         new = MARKER.sub(fill, text)
         if new != text:
             cell["source"] = new
