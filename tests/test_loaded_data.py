@@ -388,6 +388,47 @@ def test_damaged_plain_torch_file_is_a_value_error(tmp_path):
         training.read_state_file(tmp_path / "cut.pt", "state file")
 
 
+def test_checkpoint_digest_is_the_archive_comment(checkpoint):
+    # Python's zipfile, an independent zip reader, sees the digest as the
+    # archive's comment: the tag, then the sha256 of every byte before
+    # the 64 hex digits, with the comment-length field saying 93 bytes
+    import hashlib
+    import zipfile
+    path, _ = checkpoint
+    raw = path.read_bytes()
+    tag = b"course_lib checkpoint sha256 "
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is None               # every CRC holds
+        assert archive.comment == tag + \
+            hashlib.sha256(raw[:-64]).hexdigest().encode()
+    assert raw[-93 - 22:-93 - 18] == b"PK\x05\x06"     # the end record
+    assert struct.unpack("<H", raw[-95:-93]) == (93,)
+
+
+def test_plain_torch_file_with_a_damaged_end_record_is_refused(tmp_path):
+    # a plain torch.save file is one whose end record sits 22 bytes from
+    # the end with an empty comment; break that record and it is neither
+    # a plain file nor one with a digest, so it is reported as damaged
+    torch.save({"a": torch.ones(3)}, tmp_path / "plain.pt")
+    data = bytearray((tmp_path / "plain.pt").read_bytes())
+    data[-22] ^= 0x01
+    (tmp_path / "bad.pt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="bad.pt' is damaged"):
+        training.read_state_file(tmp_path / "bad.pt", "state file")
+
+
+@pytest.mark.parametrize("data", [
+    b"\0" * 30,                         # empty comment, no end record
+    b"PK\x05\x06" + b"\0" * 16 + b"xx",  # an end record with a comment
+])
+def test_digest_is_only_added_to_an_archive_without_a_comment(data):
+    # torch.save has always written no comment; if a future torch does,
+    # the digest cannot be appended and saving stops with a clear error
+    with pytest.raises(RuntimeError, match="no zip archive without a "
+                       "comment"):
+        training._with_sha256(data)
+
+
 @pytest.mark.parametrize("name", ["char_lm_pydoc.pt", "synthetic_lm.pt"])
 def test_shipped_checkpoints_record_their_sha256(tmp_path, name):
     """The models chapters 7 and 8 load are written by save_state_file:

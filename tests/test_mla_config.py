@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from course_lib.model.mla import MultiHeadLatentAttention
-from course_lib.model.mla import MLAConfig, mla_param_count
+from course_lib.model.mla import MLAConfig, deepseek_yarn, mla_param_count
 from mla_support import tiny
 from errors import error_for
 
@@ -40,6 +40,15 @@ def test_presets_are_the_published_values():
         lite.rope_scaling == dict(v3.rope_scaling, mscale=0.707,
                                   mscale_all_dim=0.707)
     assert MLAConfig().rope_scaling is None               # plain RoPE
+
+
+@pytest.mark.parametrize("mscale", [0, -0.707, float("nan")])
+def test_deepseek_yarn_refuses_an_mscale_that_is_not_positive(mscale):
+    # YaRN's attention factor 0.1 ln(s) mscale + 1 must grow with the
+    # stretch s: a zero or negative mscale is a typo, not a setting
+    with pytest.raises(ValueError, match="mscale"):
+        deepseek_yarn(mscale=mscale)
+    assert deepseek_yarn(mscale=0.707)["mscale_all_dim"] == 0.707
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -516,3 +516,74 @@ def test_moe_from_config_refuses_a_released_model_layer():
     from course_lib.sizing.configs import DEEPSEEK_V3
     with pytest.raises(ValueError, match="config"):
         moe_from_config(DEEPSEEK_V3)
+
+
+def test_moe_size_guard_counts_exactly_the_parameters_it_builds(
+        monkeypatch):
+    # The guard runs before any expert exists. With the limit set to the
+    # parameter count of the layer it would build, that layer is allowed
+    # and one value fewer is refused: the guard counts every weight once
+    # (E routed and N_s shared SwiGLUs of 3 D F each, the router's E D).
+    from course_lib._util import validation
+    kw = dict(n_experts=3, top_k=2, d_expert=5, n_shared_experts=2)
+    n = sum(p.numel() for p in MoE(4, **kw).parameters())
+    assert n == (3 + 2) * 3 * 4 * 5 + 3 * 4
+    monkeypatch.setattr(validation, "MAX_ELEMENTS", n)
+    MoE(4, **kw)
+    monkeypatch.setattr(validation, "MAX_ELEMENTS", n - 1)
+    with pytest.raises(ValueError, match="n_shared_experts"):
+        MoE(4, **kw)
+
+
+class _TinyV3:
+    hidden_size, n_routed_experts, num_experts_per_tok = 4, 3, 2
+    moe_intermediate_size, n_shared_experts = 5, 2
+
+
+def test_moe_from_config_limit_counts_exactly_the_layer(monkeypatch):
+    from course_lib.model import moe as moe_module
+    n = sum(p.numel() for p in moe_from_config(_TinyV3()).parameters())
+    monkeypatch.setattr(moe_module, "MAX_ELEMENTS", n)
+    moe_from_config(_TinyV3())
+    monkeypatch.setattr(moe_module, "MAX_ELEMENTS", n - 1)
+    with pytest.raises(ValueError, match=f"of {n:,} parameters"):
+        moe_from_config(_TinyV3())
+
+
+def test_moe_from_config_builds_the_smallest_layer():
+    # one expert of width 1 on a width-1 model is a legal (if useless) MoE
+    class One:
+        hidden_size = n_routed_experts = num_experts_per_tok = 1
+        moe_intermediate_size = 1
+
+    m = moe_from_config(One())
+    assert (m.d_model, m.n_experts, m.d_expert, m.n_shared) == (1, 1, 1, 0)
+    assert m(torch.randn(3, 1)).shape == (3, 1)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("hidden_size", 0), ("n_routed_experts", 0),
+    ("moe_intermediate_size", 0), ("n_shared_experts", -1)])
+def test_moe_from_config_names_the_bad_field(field, value):
+    class Bad(_TinyV3):
+        pass
+
+    setattr(Bad, field, value)
+    with pytest.raises(ValueError, match=f"config.{field} must be >= "):
+        moe_from_config(Bad())
+
+
+def test_moe_infos_counts_any_layer_that_records_last_info():
+    # the expert-parallel layer is not an MoE but records last_info the
+    # same way; moe_infos must collect it (and name it while idle)
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.last_info = None
+
+    model = torch.nn.Sequential(_moe(), Recorder())
+    with pytest.raises(ValueError, match=r"layers 0, 1 have not"):
+        moe_infos(model)
+    model[0](torch.randn(4, 16))
+    model[1].last_info = "info of layer 1"
+    assert moe_infos(model) == [model[0].last_info, "info of layer 1"]

@@ -68,7 +68,7 @@ class Routing:
     def dense_gates(self) -> torch.Tensor:
         """``(N, E)`` gates with zeros for the experts not chosen."""
         out = torch.zeros_like(self.scores)                  # (N, E)
-        return out.scatter(1, self.indices, self.weights.to(out.dtype))
+        return out.scatter(1, self.indices, self.weights)
 
 
 def _check_router_args(d_model, n_experts, top_k) -> None:

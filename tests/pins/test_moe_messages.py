@@ -42,3 +42,32 @@ def test_bad_x_message_shows_what_was_given(x, got):
     with pytest.raises(ValueError, match=r"^x must have shape \(B, T, 16\) "
                        r"or \(N, 16\), got " + got + "$"):
         _moe()(x)
+
+
+def test_config_and_layer_messages_in_full():
+    from course_lib.model.moe import moe_from_config, moe_infos
+    from course_lib.sizing.configs import DEEPSEEK_V3
+    with pytest.raises(ValueError, match=r"^n_experts must be >= 1, got 0$"):
+        MoE(16, n_experts=0, top_k=1, d_expert=4)
+    with pytest.raises(ValueError, match=r"^\(n_experts \+ "
+                       r"n_shared_experts\) \* 3 \* d_model \* d_expert asks "
+                       r"for 320,000,096 values \(1.2 GiB as float32\), more "
+                       r"than the 268,435,456 one call may allocate$"):
+        MoE(8, n_experts=4, top_k=2, d_expert=10**7 // 3 + 1)
+
+    class Bad:
+        hidden_size, n_routed_experts, num_experts_per_tok = 0, 4, 2
+        moe_intermediate_size = 8
+
+    with pytest.raises(ValueError, match=r"^config.hidden_size must be >= 1,"
+                       r" got 0$"):
+        moe_from_config(Bad())
+    # DeepSeek-V3: 257 SwiGLUs of 3 x 7168 x 2048 plus the 256 x 7168 router
+    with pytest.raises(ValueError, match=r"^config describes an MoE layer "
+                       r"of 11,320,164,352 parameters \(42.2 GiB in "
+                       r"float32\), more than the 268,435,456 one layer may "
+                       r"allocate; "):
+        moe_from_config(DEEPSEEK_V3)
+    with pytest.raises(ValueError, match=r"^the MoE layers model have not "
+                       r"run a forward yet: call model\(x\) first$"):
+        moe_infos(MoE(16, n_experts=4, top_k=2, d_expert=4))

@@ -53,3 +53,23 @@ def test_group_limited_mask_and_v3_messages():
     with pytest.raises(ValueError, match=r"^top_k must be <= experts in the "
                        r"kept groups \(4\), got 5$"):
         DeepSeekV3Router(4, 8, 5, n_group=4, topk_group=2)
+
+
+def test_flag_nan_and_size_messages_in_full():
+    from course_lib.model.routing import select_top_k
+    for call, msg in (
+            (lambda: select_top_k(torch.rand(2, 4), 2, normalize=1),
+             r"^normalize must be a bool, got int 1$"),
+            (lambda: TopKRouter(8, 4, 2, normalize=1),
+             r"^normalize must be a bool, got int 1$"),
+            (lambda: DeepSeekV3Router(8, 4, 2, norm_topk_prob=1),
+             r"^norm_topk_prob must be a bool, got int 1$"),
+            (lambda: group_limited_mask(torch.tensor([[float("nan"), 1.0]]),
+                                        n_group=1, topk_group=1),
+             r"^scores must not hold NaN$"),
+            (lambda: TopKRouter(10**5, 10**4, 2),
+             r"^n_experts \* d_model asks for 1,000,000,000 values \(3.7 GiB"
+             r" as float32\), more than the 268,435,456 one call may "
+             r"allocate$")):
+        with pytest.raises(error_for(msg), match=msg):
+            call()

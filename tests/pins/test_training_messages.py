@@ -51,3 +51,30 @@ def test_training_messages_in_full(tmp_path):
                        r"is NaN\)$"):
         training.next_token_loss(model, (torch.zeros(1, 2, dtype=torch.long),
                                   torch.full((1, 2), training.IGNORE)))
+
+
+def test_checkpoint_file_messages_in_full(tmp_path):
+    import re
+    with pytest.raises(TypeError, match=r"^state must be a dict, got "
+                       r"list$"):
+        training.save_state_file(tmp_path / "s.pt", [1])
+    with pytest.raises(RuntimeError, match=r"^torch.save wrote no zip "
+                       r"archive without a comment; cannot record the "
+                       r"checkpoint's sha256$"):
+        training._with_sha256(b"\0" * 30)
+    training.save_state_file(tmp_path / "s.pt", {"a": torch.ones(2)})
+    data = bytearray((tmp_path / "s.pt").read_bytes())
+    data[len(data) // 2] ^= 1
+    (tmp_path / "s.pt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"{str(tmp_path / 's.pt')!r} is damaged or was changed after "
+            f"it was saved: its bytes do not match the sha256 recorded in "
+            f"it (or it is not a torch.save file)") + "$"):
+        training.read_state_file(tmp_path / "s.pt", "state file")
+    torch.save({"a": torch.ones(3)}, tmp_path / "plain.pt")
+    raw = (tmp_path / "plain.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(raw[:len(raw) // 2] + raw[-22:])
+    with pytest.raises(ValueError, match="^" + re.escape(
+            f"{str(tmp_path / 'cut.pt')!r} is not a readable state file "
+            f"(damaged or not a torch.save file): ")):
+        training.read_state_file(tmp_path / "cut.pt", "state file")
