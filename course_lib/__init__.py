@@ -87,6 +87,8 @@ CHAPTERS: dict[int, dict[str, str]] = {
         "tasks.ngram": "count-based n-gram baselines"},
     8: {"generation.sampling": "temperature, top-k, top-p, min-p; "
                                "sampling and generation",
+        "generation.penalties": "repetition, frequency and presence "
+                                "penalties; no repeated n-grams",
         "generation.beam_search": "beam search with length "
                                   "normalisation"},
     9: {"model.kv_cache": "the KV cache, per layer and per model",

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from .._util.threads import small_ops
-from .._util.validation import check_bool, check_ids, check_int, check_real
+from .._util.validation import (check_bool, check_callable, check_ids,
+                                check_int, check_real)
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from ..model.kv_cache import KVCache
@@ -179,7 +180,8 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
              min_p: float | None = None,
              generator: torch.Generator | None = None,
              max_len: int | None = None, use_cache: bool = False,
-             cache: KVCache | None = None) -> torch.Tensor:
+             cache: KVCache | None = None,
+             logits_processor=None) -> torch.Tensor:
     r"""Extend a prompt token by token with :func:`sample_next`.
 
     The logits of the last position give the next token, which is
@@ -224,6 +226,11 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
             context at every step (False).
         cache: a :class:`~course_lib.model.kv_cache.KVCache` holding a
             prefix (``use_cache=True`` only); default a new empty one.
+        logits_processor: None, or a function ``(logits (B, V), ids
+            (B, T)) -> logits (B, V)`` applied to each step's logits,
+            with the sequence so far (prompt included), before
+            temperature and the filters: one of the penalties of
+            :mod:`~course_lib.generation.penalties`.
 
     Returns:
         ``(T0 + max_new_tokens,)`` or ``(B, T0 + max_new_tokens)`` ids:
@@ -233,6 +240,8 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     check_int("max_new_tokens", max_new_tokens, minimum=0)
     check_sampling_args(temperature, top_k, top_p, min_p)
     check_bool("use_cache", use_cache)
+    if logits_processor is not None:
+        check_callable("logits_processor", logits_processor)
     idx = prompt_ids.reshape(-1, prompt_ids.shape[-1]).long()  # (B, T0)
     if use_cache:
         cache = _check_cache(model, idx, max_new_tokens, max_len, cache)
@@ -253,7 +262,10 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
             logits = model_logits(model, idx if window is None
                                   else idx[:, -window:])     # (B, T', V)
         for step in range(max_new_tokens):
-            nxt = sample_next(logits[:, -1, :], temperature=temperature,
+            z = logits[:, -1, :]                             # (B, V)
+            if logits_processor is not None:
+                z = logits_processor(z, idx)                 # (B, V)
+            nxt = sample_next(z, temperature=temperature,
                               top_k=top_k, top_p=top_p, min_p=min_p,
                               generator=generator)           # (B,)
             idx = torch.cat([idx, nxt[:, None]], dim=1)      # (B, T + 1)
