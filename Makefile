@@ -28,7 +28,7 @@ help:
 	@echo "make test        unit tests, nbval (strict), strict build, browser"
 	@echo "make test-colab  run each chapter in a simulated fresh Colab"
 	@echo "make notebooks   re-execute notebooks in place (NB=path to pick one)"
-	@echo "make zh          write and run the Chinese notebooks (zh/book/)"
+	@echo "make zh          write and run the Chinese notebooks (ZH=\"ch08 glossary\": only those)"
 	@echo "make bench       time chapters and the build -> benchmarks/results.md"
 	@echo "make checkpoints retrain chapter 7's two models (about 10 min)"
 	@echo "make mutation    mutation testing (MODULES=model.attention to pick)"
@@ -163,7 +163,7 @@ notebooks: $(STAMP)
 # After changing a chapter or its translation (course_lib/notebook/locale/zh/):
 # rewrite zh/book/ from the English notebooks and run it (about 7 min).
 zh: $(STAMP)
-	$(BIN)/python scripts/build_zh.py --execute
+	$(BIN)/python scripts/build_zh.py --execute $(ZH)
 
 sync: $(STAMP)
 	$(BIN)/python scripts/sync_setup_cells.py

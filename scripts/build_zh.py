@@ -28,6 +28,7 @@ between two Chinese characters is removed (HTML would show it as a space).
     python scripts/build_zh.py            # write zh/book/ (the notebooks
                                           # hold the English outputs until
                                           # they are run)
+    python scripts/build_zh.py --execute ch08 glossary   # just these
     python scripts/build_zh.py --execute  # and run the notebooks (~7 min)
 """
 from __future__ import annotations
@@ -190,11 +191,17 @@ def write_config() -> None:
             path.symlink_to(Path("..") / ".." / "book" / link)
 
 
-def write(execute: bool = False) -> list[Path]:
+def write(execute: bool = False, only: list[str] | None = None
+          ) -> list[Path]:
+    """Write the Chinese sources; with ``only`` (name prefixes such as
+    ``ch08`` or ``glossary``) just those, so that a small change does not
+    rewrite (and, with ``execute``, re-run) the whole edition."""
     OUT.mkdir(parents=True, exist_ok=True)
     write_config()
     written, skipped = [], []
     for source in zt.sources():
+        if only and not any(source.name.startswith(o) for o in only):
+            continue
         data = complete(source)
         if data is None:
             skipped.append(source.name)
@@ -224,8 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--execute", action="store_true",
                         help="run the Chinese notebooks after writing them")
+    parser.add_argument("only", nargs="*",
+                        help="name prefixes (ch08, glossary): write only "
+                             "these; default every chapter and page")
     args = parser.parse_args(argv)
-    write(execute=args.execute)
+    unknown = [o for o in args.only
+               if not any(s.name.startswith(o) for s in zt.sources())]
+    if unknown:
+        parser.error(f"no chapter or page starts with {unknown}")
+    write(execute=args.execute, only=args.only)
     return 0
 
 

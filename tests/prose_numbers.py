@@ -65,12 +65,20 @@ def output_text(nb: dict) -> str:
 
 
 def glue_problems(nb: dict) -> list[str]:
-    """Rule 1: each marker's text against the notebook's glued value."""
+    """Rule 1: each marker's text against the notebook's glued value, and
+    no marker at the start of a line."""
     values = glued_values(nb)
     problems = []
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "markdown":
             continue
+        for line in _text(cell).splitlines():
+            if line.lstrip().startswith("<!--glue:"):
+                # Markdown reads a line that starts with "<!--" as an HTML
+                # block: it would end the paragraph (or list item) there
+                problems.append(f"cell {i}: a line starts with a glue "
+                                f"marker, which splits the paragraph: "
+                                f"{line.strip()[:40]!r}")
         for m in MARKER.finditer(_text(cell)):
             name, shown = m.groups()
             if name not in values:

@@ -75,6 +75,17 @@ def test_the_same_sentence_with_glued_numbers_passes_and_catches_drift():
         nb["cells"][1]["source"]
 
 
+def test_a_marker_at_the_start_of_a_line_is_caught():
+    # CommonMark starts an HTML block at a line beginning with "<!--", so
+    # the sentence would break into two paragraphs in the book
+    split = "The MoE took\n  <!--glue:r-->1.87<!--/glue--> times as long."
+    nb = _notebook(("md", split))
+    nb["cells"].append(_glued("r", "1.87"))
+    assert "splits the paragraph" in " ".join(pn.glue_problems(nb))
+    nb["cells"][0]["source"] = split.replace("\n  ", " ")
+    assert pn.glue_problems(nb) == []
+
+
 def test_a_glue_name_no_cell_records_is_caught():
     nb = _notebook(("md", "a gap of <!--glue:gap-->0.1<!--/glue-->"))
     assert pn.glue_problems(nb) == [

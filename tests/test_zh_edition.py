@@ -128,3 +128,11 @@ def test_badge_points_at_the_chinese_notebook():
     en = ("[![Open In Colab](images/colab-badge.svg)](https://colab."
           "research.google.com/github/o/r/blob/main/book/ch01_x.ipynb)")
     assert bz.zh_badge(en).endswith("/blob/main/zh/book/ch01_x.ipynb)")
+
+
+def test_build_zh_refuses_an_unknown_chapter_prefix(capsys):
+    # `make zh ZH=...` writes only the named chapters and pages; a typo
+    # must stop before anything is written
+    with pytest.raises(SystemExit):
+        bz.main(["ch99"])
+    assert "no chapter or page starts with ['ch99']" in capsys.readouterr().err
