@@ -186,7 +186,7 @@ checkpoints: $(STAMP)
 MUTATION_MODULES := model.attention experiments.score_scaling model.masks \
                     model.mha model.mla model.routing model.load_balancing \
                     model.moe generation.sampling model.kv_cache \
-                    generation.decoding training
+                    generation.decoding generation.penalties training
 MODULES ?= $(MUTATION_MODULES)
 MUTATION_JOBS ?= 2
 
