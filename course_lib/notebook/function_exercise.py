@@ -4,9 +4,13 @@ A :class:`FunctionExercise` calls the learner's function on each case and
 compares the result with the reference solution's (:func:`compare_values`:
 types, shapes, values within a tolerance). Whatever the learner's code does
 (a wrong type, a wrong shape, NaN, an exception) becomes feedback that
-names the case, never a traceback. Learner code runs under a time limit
-(:func:`time_limit`), and ``exit()`` or an interrupt inside it is reported
-too: nothing a learner types can hang or end the kernel. A
+names the case, never a traceback. Code typed in the widget (a string)
+runs in a child process (:mod:`course_lib.notebook.sandbox`), which gets
+only the code and the case inputs: it cannot patch the checker, read the
+expected values or end the kernel, and a loop, ``exit()``, ``os._exit``
+or a crash in it becomes feedback. A function object passed to
+:meth:`FunctionExercise.check` (the learner's own, in their own kernel)
+runs in the kernel under a time limit (:func:`time_limit`). A
 :class:`DiagnosedFunctionExercise` also names the usual mistake a wrong
 answer matches. In the HTML book, where no kernel runs,
 the exercise shows its starter code, hint and solution and points to Colab.
@@ -43,8 +47,9 @@ class LearnerTimeout(BaseException):
     """
 
 
-# every way learner code can end without returning: reported, never raised
-_STOPS = (Exception, LearnerTimeout, SystemExit, KeyboardInterrupt)
+# every way learner code can end without returning (KeyboardInterrupt,
+# SystemExit, a learner's own BaseException too): reported, never raised
+_STOPS = (BaseException,)
 
 
 @contextlib.contextmanager
@@ -249,6 +254,9 @@ class FunctionExercise(Exercise):
         return func
 
     def check(self, answer: Any) -> Feedback:
+        from . import sandbox
+        if isinstance(answer, str) and sandbox.AVAILABLE:
+            return self._check_in_child(answer)
         func = self._load(answer)
         if isinstance(func, Feedback):
             return func
@@ -274,6 +282,77 @@ class FunctionExercise(Exercise):
                                              got=got))
         return Feedback(True, tr("All {n} cases pass.", n=len(self.cases)))
 
+    def _check_in_child(self, source: str) -> Feedback:
+        """Run ``source`` in a child process; judge what it returned."""
+        from . import sandbox
+        if len(source) > sandbox.MAX_SOURCE_CHARS:
+            return Feedback(False, tr(
+                "Your code is {n:,} characters long; the checker reads at "
+                "most {limit:,}.", n=len(source),
+                limit=sandbox.MAX_SOURCE_CHARS))
+        outcome = sandbox.run_source(source, self.func_name, self.cases,
+                                     time_limit=self.time_limit)
+        printed = _printed(outcome.printed)
+        if outcome.setup is not None:
+            return Feedback(False, self._setup_message(outcome.setup)
+                            + printed)
+        for i, (args, kwargs) in enumerate(self.cases, start=1):
+            call = self._call_text(args, kwargs)
+            expected = self.reference(*copy.deepcopy(args),
+                                      **copy.deepcopy(kwargs))
+            got = (outcome.results[i - 1] if i <= len(outcome.results)
+                   else sandbox.Failure("crash", message="no result"))
+            if isinstance(got, sandbox.Failure):
+                error = got.exception()
+                line = (tr(" (line {line} of your code)", line=got.line)
+                        if got.line is not None else "")
+                return Feedback(False, tr(
+                    "Case {i}, `{call}`: your function {what}", i=i,
+                    call=call, what=_what_happened(error, self.time_limit))
+                                + line
+                                + self._hint(args, kwargs, expected,
+                                             error=error) + printed)
+            problem = self._problem(expected, got)
+            if problem:
+                return Feedback(False, tr("Case {i}, `{call}`: {problem}.",
+                                          i=i, call=call, problem=problem)
+                                + self._hint(args, kwargs, expected,
+                                             got=got) + printed)
+        return Feedback(True, tr("All {n} cases pass.", n=len(self.cases))
+                        + printed)
+
+    def _setup_message(self, failure: Any) -> str:
+        """Feedback for code that failed before any case ran, or that ended
+        the process running it."""
+        kind = failure.kind
+        if kind == "syntax":
+            return tr("Syntax error on line {line}: {message}.",
+                      line=failure.line, message=failure.message)
+        if kind == "missing":
+            return tr("Define a function named `{name}`.",
+                      name=self.func_name)
+        if kind == "crash":
+            return tr("Your code ended the process that runs it ({how}) "
+                      "before it returned (os._exit, a signal or a "
+                      "crash?): return a value instead.",
+                      how=failure.message)
+        if kind == "killed":
+            return tr("Your code did not finish within {seconds:g} s and "
+                      "kept running past its time limit (a loop that "
+                      "catches every exception, or turns the timer off?).",
+                      seconds=self.time_limit)
+        if kind == "unreadable":
+            return tr("Your function returned something the checker cannot "
+                      "read back ({error}): return a tensor or a number.",
+                      error=f"{failure.type}: {failure.message}")
+        if kind == "start":
+            return tr("Could not start the process that runs your code "
+                      "({error}).", error=failure.message[-300:])
+        line = (tr(" (line {line} of your code)", line=failure.line)
+                if failure.line is not None else "")
+        return tr("Running your code {what}", what=_what_happened(
+            failure.exception(), self.time_limit)) + line
+
     def _problem(self, expected: Any, got: Any) -> str | None:
         """What is wrong with ``got`` on a case (None if it is right)."""
         return compare_values(expected, got, rtol=self.rtol, atol=self.atol)
@@ -289,6 +368,13 @@ class FunctionExercise(Exercise):
         parts += [f"{k}={_short(v)}" for k, v in kwargs.items()]
         return f"{self.func_name}({', '.join(parts)})"
 
+    def widget(self) -> Any:
+        """The live widget; also starts the process that will run the
+        learner's code, so that it has imported torch by the first Check."""
+        from . import sandbox
+        sandbox.warm_up()
+        return super().widget()
+
     def _make_input(self) -> Any:
         import ipywidgets as widgets
         lines = max(6, self.starter_code.count("\n") + 2)
@@ -302,6 +388,14 @@ class FunctionExercise(Exercise):
         return (f'<pre class="ti-code"><code>'
                 f'{html.escape(self.starter_code)}</code></pre>\n'
                 f'<p class="ti-note"><em>{tr(_NEEDS_PYTHON)}</em></p>')
+
+
+def _printed(text: str) -> str:
+    """What the learner's code printed, as a block after the feedback."""
+    if not text.strip():
+        return ""
+    return ("\n\n" + tr("Your code printed:") + "\n\n```\n"
+            + text.replace("```", "'''") + "\n```")
 
 
 def _short(value: Any) -> str:
