@@ -291,3 +291,25 @@ def test_the_number_grammar_is_linear_without_the_length_limit():
         assert exercises._FRACTION_RE.match(text) is None
     # the quadratic pattern took 8.5 s on 20,000 digits
     assert time.perf_counter() - start < 1.0
+
+
+def test_a_str_subclass_that_equals_everything_is_not_an_option():
+    from course_lib.notebook.exercises import ChoiceExercise
+
+    class Liar(str):
+        def __eq__(self, other):
+            return True
+        __hash__ = str.__hash__
+
+    ex = ChoiceExercise(key="t-liar", prompt="p", options=["a", "b"],
+                        answer=0, explanations=["x", "y"], hint="h",
+                        solution="s")
+    assert not ex.check(Liar("b")).correct
+    assert not ex.check(Liar("zzz")).correct
+    assert ex.check(Liar("a")).correct           # the text itself is right
+
+
+def test_a_one_element_tensor_is_a_number_like_a_0d_one():
+    assert parse_number(torch.tensor([0.25])) == 0.25
+    with pytest.raises(ValueError, match="got a Tensor"):
+        parse_number(torch.tensor([0.25, 0.5]))

@@ -201,7 +201,11 @@ _SHOW_JS = """  // a message template with {field} replaced (a function, so that
 # an optional decimal point and exponent, or a fraction a/b. A comma is a
 # thousands separator when it groups digits by three (2,362,368 or
 # 1,234.5), and a decimal comma otherwise (0,6652 or 1,5).
-_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+# (``\d+(?:\.\d*)?``, not ``\d+\.?\d*``: two adjacent runs of digits make a
+# failing match backtrack quadratically, 8.5 s for 20,000 digits.)
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+#: Longer text is refused before any regular expression reads it.
+MAX_ANSWER_CHARS = 100
 _NUMBER_RE = re.compile(rf"^({_NUM})$", re.ASCII)
 _FRACTION_RE = re.compile(rf"^({_NUM})\s*/\s*({_NUM})$", re.ASCII)
 _THOUSANDS_RE = re.compile(r"^[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d*)?$",
@@ -230,7 +234,9 @@ def parse_number(answer: Any) -> float:
     """
     if isinstance(answer, bool):
         raise ValueError(tr("a number is expected, not True/False"))
-    if hasattr(answer, "item") and getattr(answer, "ndim", 0) == 0:
+    if hasattr(answer, "item") and getattr(answer, "ndim", 0) == 0 or \
+            hasattr(answer, "numel") and getattr(answer, "ndim", 0) == 1 \
+            and answer.numel() == 1:              # tensor(2.5), tensor([2.5])
         try:
             answer = answer.item()
         except (RuntimeError, ValueError):         # e.g. a meta tensor
@@ -243,6 +249,12 @@ def parse_number(answer: Any) -> float:
             raise ValueError(tr("the number is too large to be an "
                                 "answer")) from None
     elif isinstance(answer, str):
+        if len(answer) > MAX_ANSWER_CHARS and \
+                len(answer.strip()) > MAX_ANSWER_CHARS:
+            raise ValueError(tr(
+                "the answer is {n:,} characters long; a number needs at "
+                "most {limit}", n=len(answer.strip()),
+                limit=MAX_ANSWER_CHARS))
         text = _normalise_commas(answer.strip())
         if not text:
             raise ValueError(tr("the answer is empty: type a number"))
@@ -359,12 +371,13 @@ placeholder="{html.escape(tr(_PLACEHOLDER))}" enterkeyhint="done">
   var root = document.getElementById("{dom}"), d = {data};
   if (!root) return;
 {_SHOW_JS}  // the grammar of course_lib.notebook.exercises.parse_number
-  var NUM = /[-+]?(?:\\d+\\.?\\d*|\\.\\d+)(?:[eE][-+]?\\d+)?/.source;
+  var NUM = /[-+]?(?:\\d+(?:\\.\\d*)?|\\.\\d+)(?:[eE][-+]?\\d+)?/.source;
   var WHOLE = new RegExp("^" + NUM + "$");
   var FRACTION = new RegExp("^(" + NUM + ")" + /\\s*\\/\\s*/.source +
                             "(" + NUM + ")$");
   function parse(t) {{
     t = t.trim();
+    if (t.length > {MAX_ANSWER_CHARS}) return null;
     if (/^[-+]?[1-9]\\d{{0,2}}(?:,\\d{{3}})+(?:\\.\\d*)?$/.test(t)) t = t.replace(/,/g, "");
     else if (/^[-+]?\\d+,\\d+$/.test(t)) t = t.replace(",", ".");
     var f = t.match(FRACTION);
@@ -426,6 +439,8 @@ class ChoiceExercise(Exercise):
         if answer is None:
             return Feedback(False, tr("Pick an option first."))
         if isinstance(answer, str):
+            # a plain copy: a str subclass could answer == with True
+            answer = str.__getitem__(answer, slice(None))
             if answer not in self.options:
                 return Feedback(False, tr("{answer} is not one of the "
                                           "options.", answer=repr(answer)))
