@@ -58,10 +58,13 @@ CHAPTERS: dict[int, dict[str, str]] = {
                                        "products, clock hands"},
     3: {"model.attention": "scaled dot-product attention, explicit and "
                            "fused",
+        "model.online_softmax": "attention by blocks of keys with a "
+                                "running max and sum, as in FlashAttention",
         "experiments.score_scaling": "why sqrt(d_k): score variance, the "
                                      "softmax Jacobian, saturation",
         "experiments.attention_cost": "the bytes of the L x L weights, "
-                                      "explicit against fused timed"},
+                                      "explicit against fused timed, "
+                                      "peak memory profiled"},
     4: {"model.masks": "causal, sliding-window, padding and additive "
                        "masks",
         "experiments.mask_probes": "next-token pairs, influence matrices, "
@@ -77,7 +80,10 @@ CHAPTERS: dict[int, dict[str, str]] = {
                        "decoder block",
         "model.transformer": "the paper's encoder-decoder with its "
                              "post-norm layers",
-        "model.decoder_lm": "a GPT-2/Llama decoder-only language model"},
+        "model.decoder_lm": "a GPT-2/Llama decoder-only language model",
+        "experiments.block_stats": "residuals, norm placement and init in "
+                                   "deep stacks: gradients, stream RMS, a "
+                                   "plain against a residual training run"},
     7: {"training": "the training loop, schedule, checkpoints",
         "tasks.translation_task": "a toy translation with a known answer",
         "tasks.markov": "a synthetic language with an exact entropy rate",
@@ -94,7 +100,10 @@ CHAPTERS: dict[int, dict[str, str]] = {
     9: {"model.kv_cache": "the KV cache, per layer and per model",
         "generation.decoding": "cached generation, prefix reuse, prefill "
                                "against decode",
-        "sizing.kv_cache_size": "the bytes of a KV cache from a config"},
+        "sizing.kv_cache_size": "the bytes of a KV cache from a config",
+        "generation.ragged": "batched generation of prompts of different "
+                             "lengths: left padding, per-row positions",
+        "model.kv_quant": "int8 quantisation of cached keys and values"},
     10: {"model.yarn": "YaRN: the RoPE correction of a long context",
          "model.mla": "multi-head latent attention, explicit and absorbed"},
     11: {"model.routing": "top-k and DeepSeek-V3 routers",
@@ -111,7 +120,10 @@ CHAPTERS: dict[int, dict[str, str]] = {
                                  "file",
          "pretrained.bpe": "a short pure-Python BPE encoder for reading",
          "pretrained.smollm2": "SmolLM2-135M loaded into a DecoderLM",
-         "experiments.interpret": "attention maps of a real model"},
+         "experiments.interpret": "attention maps of a real model",
+         "pretrained.requantize": "Q4_0 round trip: the cost of one more "
+                                  "4-bit step",
+         "experiments.ablation": "switching attention heads off"},
     14: {"distributed.launch": "worker processes: run once, or a Pool "
                                "kept across cells",
          "distributed.collectives": "Megatron's f/g and a differentiable "

@@ -27,7 +27,7 @@ SLOW = {"time_recurrence_vs_attention"}     # accepts lists, then times
 # it does not check again. They are public (chapters and other modules
 # use them) but not entry points.
 INNER = {"split_heads", "merge_heads", "repeat_kv", "apply_rope",
-         "rope_cos_sin", "attend", "fused_attend"}
+         "rope_cos_sin", "attend", "fused_attend", "tiled_attend"}
 
 
 def public_callables():

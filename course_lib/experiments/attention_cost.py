@@ -5,7 +5,9 @@ forms the weights $A = \mathrm{softmax}(QK^\top/\sqrt{d_k})$, $B \cdot H
 \cdot L^2$ numbers; torch's fused kernel
 (:func:`~course_lib.model.attention.fused_attention`) works block by block
 and never holds them. This module counts those bytes, times the two paths
-against each other and asks the profiler which kernel torch picked.
+against each other, asks the profiler which kernel torch picked, and
+measures the peak memory of a call (the explicit path against the tiled
+loop of :mod:`course_lib.model.online_softmax`).
 
 Shape letters: B batch, H heads, L sequence length (queries = keys), d_k
 head width.
@@ -16,17 +18,18 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from .._util.timing import best_time
-from .._util.validation import check_bool, check_int, check_lengths
+from .._util.validation import (check_bool, check_callable, check_int,
+                                check_lengths)
 from ..model.attention import fused_attention, scaled_dot_product_attention
 
 __all__ = ["attention_weights_bytes", "AttentionTiming", "time_attention",
-           "profile_fused_attention"]
+           "profile_fused_attention", "MemoryProfile", "profile_memory"]
 
 
 # ------------------------------------------------------------ the L x L cost
@@ -124,6 +127,40 @@ def profile_fused_attention(length: int, *, n_heads: int = 8,
     events = prof.key_averages()
     kernels = sorted(e.key for e in events if "attention" in e.key)
     return kernels, sum(max(e.self_cpu_memory_usage, 0) for e in events)
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """What one call allocated, in bytes, as the profiler recorded it."""
+    peak: int      # most bytes held at once by tensors the call created
+    largest: int   # the largest single allocation of one operation
+
+
+def profile_memory(fn: Callable[[], object]) -> MemoryProfile:
+    r"""Run ``fn()`` once under ``torch.profiler`` with memory profiling and
+    return its peak and largest allocation (:class:`MemoryProfile`).
+
+    The profiler records the bytes each operation allocates and every
+    free; summing them in time order gives the memory held at each moment
+    beyond what existed before the call. Tensors are allocated exactly,
+    so the numbers do not vary from run to run (unlike timings). The
+    result of ``fn`` is dropped inside the profiled region.
+    """
+    from torch.profiler import ProfilerActivity, profile
+    check_callable("fn", fn)
+    with _quiet_fd2(), profile(activities=[ProfilerActivity.CPU],
+                               profile_memory=True) as prof:
+        fn()
+    # self_cpu_memory_usage: what an op allocated minus what it freed,
+    # its children excluded; "[memory]" events are frees between ops.
+    changes = sorted((e.time_range.start, e.self_cpu_memory_usage)
+                     for e in prof.events() if e.self_cpu_memory_usage)
+    held = peak = largest = 0
+    for _, nbytes in changes:
+        held += nbytes
+        peak = max(peak, held)
+        largest = max(largest, nbytes)
+    return MemoryProfile(peak=peak, largest=largest)
 
 
 @contextlib.contextmanager
