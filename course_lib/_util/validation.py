@@ -146,6 +146,14 @@ def check_bool_mask(name: str, mask) -> None:
                         f", got {got}")
 
 
+def check_key_mask(name: str, mask, B: int, S: int) -> None:
+    """``mask`` must be a bool tensor (B, S), one flag per key slot of
+    each sequence: True = a real token that queries may attend, False =
+    padding."""
+    check_bool_mask(name, mask)
+    check_shape(name, mask, (B, S), f"(B, S) = ({B}, {S})")
+
+
 def check_ids(name: str, ids) -> None:
     """``ids`` must be an integer tensor of shape (T,) or (B, T), T >= 1."""
     if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point \

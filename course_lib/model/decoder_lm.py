@@ -25,7 +25,9 @@ from .._util.validation import (
     check_dropout,
     check_equal,
     check_int,
+    check_key_mask,
     check_real,
+    check_shape,
     check_token_ids,
     check_type,
 )
@@ -197,11 +199,14 @@ class DecoderLM(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def _positions(self, idx: torch.Tensor, positions, cache):
-        """Validate ``cache`` and ``positions``; return (cached length,
-        positions (T,)), by default the T positions after the cache."""
+    def _positions(self, idx: torch.Tensor, positions, cache,
+                   attention_mask=None):
+        """Validate ``cache``, ``positions`` and ``attention_mask``; return
+        (cached length, positions). By default the T positions after the
+        cache, (T,); with an ``attention_mask``, each row's own count of
+        real tokens before each new one, (B, T)."""
         c = self.config
-        T = idx.shape[1]
+        B, T = idx.shape
         past = 0
         if cache is not None:
             from .kv_cache import KVCache
@@ -209,32 +214,67 @@ class DecoderLM(nn.Module):
             check_equal("the cache's number of layers", len(cache),
                         c.num_hidden_layers)
             past = cache.seq_len     # its batch size: checked by each layer
-        if positions is None:
+        if attention_mask is not None:     # (B, S): False on pad slots
+            check_key_mask("attention_mask", attention_mask, B, past + T)
+        if positions is None and attention_mask is not None:
+            positions = self.padded_positions(attention_mask, T)  # (B, T)
+        elif positions is None:
             positions = torch.arange(past, past + T,
                                      device=idx.device)      # (T,)
-        if cache is not None:
+        per_row = getattr(positions, "ndim", 1) == 2  # (B, T): one per row
+        check_shape("positions", positions, (B, T) if per_row else (T,),
+                    f"(T,) = ({T},) or (B, T) = ({B}, {T})")
+        if cache is not None and not per_row:
             cache.check_next(positions)
         check_int("positions.max()", int(positions.max()), minimum=0,
                   maximum=c.max_position_embeddings - 1)
         return past, positions
 
+    @staticmethod
+    def padded_positions(attention_mask: torch.Tensor,
+                         T: int) -> torch.Tensor:
+        r"""Per-row positions of the last ``T`` slots of a padded batch.
+
+        A slot's position is the number of real tokens before it in its
+        row, $p_{b,s} = \sum_{s' \le s} m_{b,s'} - 1$, so every row counts
+        $0, 1, \dots$ from its own first token, whatever its padding.
+        Pad slots before the first token get 0 (no query reads them).
+
+        Args:
+            attention_mask: ``(B, S)`` bool, True on real tokens.
+            T: how many of the last slots to return.
+
+        Returns:
+            ``(B, T)`` int64 positions.
+        """
+        count = attention_mask.long().cumsum(-1) - 1         # (B, S)
+        return count[:, -T:].clamp(min=0)                    # (B, T)
+
     def forward(self, idx: torch.Tensor,
                 positions: torch.Tensor | None = None, *,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) ids -> next-token logits (B, T, V).
 
         ``positions`` (T,): absolute positions, default $0..T-1$, or with
-        a ``cache`` the $T$ positions after the cached ones.
+        a ``cache`` the $T$ positions after the cached ones; or (B, T),
+        one row of positions per sequence.
         ``cache``: a :class:`~course_lib.model.kv_cache.KVCache` with one layer
         per block; the new keys/values are appended to it and the new
         queries attend to all $S$ cached + new positions (chapter 9).
+        ``attention_mask`` (B, S) bool, S = cached + T: False marks a
+        padding slot, which no query attends to (cached slots included).
+        With it the default positions are per row, (B, T): row $b$'s
+        $j$-th real token has position $j$ wherever its padding puts it
+        (left-padded batches of prompts of different lengths, chapter 9).
         An MoE layer keeps what its router did on the call;
         :func:`~course_lib.model.moe.moe_infos` collects it (chapter 11).
         """
         c = self.config
         check_token_ids("idx", idx, c.vocab_size, c.max_position_embeddings)
         T = idx.shape[1]
-        past, positions = self._positions(idx, positions, cache)
+        past, positions = self._positions(idx, positions, cache,
+                                          attention_mask)
         h = self.embed_tokens(idx)                           # (B, T, D)
         if self.embed_positions is not None:
             # h^0 = E[x] + P[pos]: learned positions, added once.
@@ -244,6 +284,10 @@ class DecoderLM(nn.Module):
         # new token (a decoding step) sees every key: no mask needed.
         mask = (causal_mask(T, past + T, device=idx.device)  # (T, S)
                 if T > 1 else None)
+        if attention_mask is not None:
+            # ... and never a padding slot, new or cached.
+            pad = attention_mask[:, None, :]                 # (B, 1, S)
+            mask = pad if mask is None else mask & pad       # (B, T|1, S)
         for i, block in enumerate(self.layers):
             h = block(h, mask, positions=positions,
                       cache=None if cache is None else cache[i])  # (B, T, D)

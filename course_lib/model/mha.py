@@ -197,7 +197,8 @@ class MultiHeadAttention(nn.Module):
                 (cross-attention); ``None`` means ``x`` (self-attention).
             positions: ``(T,)`` positions of the queries, used by the
                 ``rope`` hook only; default $0, \dots, T-1$, or with a
-                cache the $T$ positions after the cached ones.
+                cache the $T$ positions after the cached ones; or
+                ``(B, T)``, one row per sequence (left padding).
             cache: self-attention only: this layer's
                 :class:`~course_lib.model.kv_cache.LayerKVCache`. The new K, V
                 (G heads, before repetition, keys already rotated) are
@@ -302,6 +303,7 @@ class MultiHeadAttention(nn.Module):
             v_i = _head_proj(self.v_proj, rk, context)       # (B, S, d_k)
             if self.rope is not None:
                 pos = query_positions(positions, T, None, x.device)
+                pos = pos[:, 0] if pos.dim() == 3 else pos   # (B, T)
                 q_i, k_i = self.rope(q_i, pos), self.rope(k_i, pos)
             # Pick this head's slice of the mask (broadcast axes stay 1).
             m_i = None
@@ -404,14 +406,18 @@ def mask_to_4d(mask, B: int, H: int, T: int, S: int):
 
 
 def query_positions(positions, T: int, cache, device) -> torch.Tensor:
-    """The absolute positions (T,) of T queries: ``positions`` as given
+    """The absolute positions of T queries: ``positions`` as given
     (checked to have shape (T,) and, with a cache, to continue it), or by
     default the T positions after those already in ``cache`` (0.. without
-    one). Used by every attention layer that rotates by position.
+    one). Per-row positions (B, T), as a left-padded batch needs, come
+    back as (B, 1, T), broadcasting over the heads of (B, H, T, d_k).
+    Used by every attention layer that rotates by position.
     """
     if positions is None:
         past = len(cache) if cache is not None else 0
         return torch.arange(past, past + T, device=device)   # (T,)
+    if isinstance(positions, torch.Tensor) and positions.dim() == 2:
+        return positions[:, None, :]                         # (B, 1, T)
     check_shape("positions", positions, (T,), f"(T,) = ({T},)")
     if cache is not None:
         cache.check_next(positions)        # rotations must match the keys
