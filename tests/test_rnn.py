@@ -12,6 +12,7 @@ from course_lib.experiments.rnn import (SimpleRNN, draw_seq2seq,  # noqa: E402
                                         gradient_norm_vs_distance,
                                         max_path_length, set_recurrent_scale)
 from course_lib.experiments.sequential_cost import (TimingResult, matmul_flops,  # noqa: E402
+                                                    fused_recurrence,
                                                     recurrence_and_attention,
                                                     time_recurrence_vs_attention)
 from errors import error_for
@@ -186,6 +187,45 @@ def test_timing_reports_each_path_under_its_own_name(fake_clock,
         assert r.ratio == r.length / 100.0
 
 
+def test_timing_fused_column_times_torch_rnn(fake_clock, monkeypatch):
+    # Without fused=True the column stays None (the original two timings);
+    # with it, each call of torch.nn.RNN costs 10 fake seconds.
+    assert time_recurrence_vs_attention([4], d_model=8, batch=2,
+                                        repeats=1)[0].fused_seconds is None
+    real_forward = torch.nn.RNN.forward
+
+    def forward(self, *a, **kw):
+        fake_clock.advance(10.0)
+        return real_forward(self, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.RNN, "forward", forward)
+    res = time_recurrence_vs_attention([4, 16], d_model=8, batch=2,
+                                       repeats=2, fused=True)
+    monkeypatch.undo()
+    assert [r.fused_seconds for r in res] == [10.0, 10.0]
+
+
+@pytest.mark.parametrize("B, T, D", [(1, 3, 4), (2, 17, 8)])
+def test_fused_recurrence_equals_the_python_loop(B, T, D):
+    # Independent reference: the Python loop of recurrence_and_attention,
+    # with the same weights, reaches the same final state.
+    x = torch.randn(B, T, D)
+    w_ih, w_hh = torch.randn(D, D) / D ** 0.5, torch.randn(D, D) / D ** 0.5
+    loop, _ = recurrence_and_attention(x, w_ih, w_hh, torch.randn(D, 3 * D))
+    state = torch.get_rng_state()
+    fused = fused_recurrence(x, w_ih, w_hh)
+    # building the module draws no random initialisation
+    assert torch.equal(torch.get_rng_state(), state)
+    h = fused()
+    assert h.shape == (B, D)
+    torch.testing.assert_close(h, loop(), atol=1e-6, rtol=1e-5)
+
+
+def test_fused_recurrence_bad_input():
+    with pytest.raises(TypeError, match="w_hh"):
+        fused_recurrence(torch.randn(1, 2, 3), torch.randn(3, 3), [[0.0]])
+
+
 @pytest.mark.parametrize("B, T, D", [(1, 1, 1), (2, 5, 8), (3, 40, 16)])
 def test_matmul_flops_match_torch_flop_counter(B, T, D):
     # Independent reference: torch's FlopCounterMode counts every matmul
@@ -229,6 +269,7 @@ def test_matmul_flops_bad_input():
     (dict(lengths=[4, 0]), "lengths must be positive ints"),
     (dict(lengths=[4], d_model=0), "d_model must be >= 1, got 0"),
     (dict(lengths=[4], repeats=0), "repeats must be >= 1, got 0"),
+    (dict(lengths=[4], fused="yes"), "fused must be a bool, got str 'yes'"),
 ])
 def test_timing_bad_input(kwargs, match):
     with pytest.raises(error_for(match), match=match):
