@@ -26,6 +26,7 @@ Shape letters: B batch, T sequence length, V vocabulary size,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,6 +38,10 @@ from .._util.validation import (check_bool, check_callable, check_ids,
 
 if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from ..model.kv_cache import KVCache
+
+# (logits (B, V), ids so far (B, T)) -> new logits (B, V): the penalties of
+# course_lib.generation.penalties, bound to their strength, have this shape.
+LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 __all__ = ["check_sampling_args", "sampling_distribution", "sample_next",
            "generate", "sequence_log_prob", "apply_temperature",
@@ -181,7 +186,8 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
              generator: torch.Generator | None = None,
              max_len: int | None = None, use_cache: bool = False,
              cache: KVCache | None = None,
-             logits_processor=None) -> torch.Tensor:
+             logits_processor: LogitsProcessor | None = None
+             ) -> torch.Tensor:
     r"""Extend a prompt token by token with :func:`sample_next`.
 
     The logits of the last position give the next token, which is
