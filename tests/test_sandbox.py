@@ -113,7 +113,6 @@ def test_no_trick_passes_and_nothing_leaks(name):
     assert (torch.allclose, math.isclose, torch.Tensor.any) == (
         allclose, isclose, any_)
     assert len(ex.cases) == 2
-    assert ex.check(RIGHT).correct
 
 
 ENDINGS = {
@@ -156,7 +155,14 @@ def test_code_that_ends_or_wedges_its_process_becomes_feedback(name):
     fb, seconds = judged(exercise(), source)
     assert not fb.correct and needle in fb.message, fb.message
     assert seconds < LIMIT * 3 + sandbox.MARGIN + 2
-    assert exercise().check(RIGHT).correct        # and the next one works
+
+
+def test_after_a_crash_and_a_patch_the_next_check_is_judged_as_usual():
+    ex = exercise()
+    for source in (ENDINGS["segfault"][0], FOOLS["allclose"]):
+        assert not ex.check(source).correct
+    assert ex.check(RIGHT).correct
+    assert not ex.check(ZEROS).correct
 
 
 def test_a_loop_that_swallows_every_exception_is_killed_at_the_deadline():
