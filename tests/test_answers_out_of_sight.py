@@ -12,7 +12,7 @@ common to count, and answers that are small whole numbers (counts) are
 skipped.
 
 ``KNOWN`` lists the exercises that still fail this, to be replaced by
-exercises on values the chapter never printed (issue 32). The list can
+exercises on values the chapter never printed. The list can
 only shrink: an entry that no longer fails must be removed.
 """
 import json

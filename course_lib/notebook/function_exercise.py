@@ -260,27 +260,19 @@ class FunctionExercise(Exercise):
         func = self._load(answer)
         if isinstance(func, Feedback):
             return func
-        for i, (args, kwargs) in enumerate(self.cases, start=1):
-            call = self._call_text(args, kwargs)
-            expected = self.reference(*copy.deepcopy(args),
-                                      **copy.deepcopy(kwargs))
+        return self._judge(self._run_here(func))
+
+    def _run_here(self, func: Callable[..., Any]) -> Iterator[tuple]:
+        """``(got, error, line)`` for each case, ``func`` run in this
+        process under the time limit (stops after the first error)."""
+        for args, kwargs in self.cases:
             try:
                 with time_limit(self.time_limit):
                     got = func(*copy.deepcopy(args), **copy.deepcopy(kwargs))
             except _STOPS as exc:
-                return Feedback(False, tr(
-                    "Case {i}, `{call}`: your function {what}", i=i,
-                    call=call, what=_what_happened(exc, self.time_limit))
-                                + _learner_line(exc)
-                                + self._hint(args, kwargs, expected,
-                                             error=exc))
-            problem = self._problem(expected, got)
-            if problem:
-                return Feedback(False, tr("Case {i}, `{call}`: {problem}.",
-                                          i=i, call=call, problem=problem)
-                                + self._hint(args, kwargs, expected,
-                                             got=got))
-        return Feedback(True, tr("All {n} cases pass.", n=len(self.cases)))
+                yield None, exc, learner_line_number(exc)
+                return
+            yield got, None, None
 
     def _check_in_child(self, source: str) -> Feedback:
         """Run ``source`` in a child process; judge what it returned."""
@@ -296,20 +288,30 @@ class FunctionExercise(Exercise):
         if outcome.setup is not None:
             return Feedback(False, self._setup_message(outcome.setup)
                             + printed)
+
+        def results() -> Iterator[tuple]:
+            for i in range(len(self.cases)):
+                got = (outcome.results[i] if i < len(outcome.results)
+                       else sandbox.Failure("crash", message="no result"))
+                if isinstance(got, sandbox.Failure):
+                    yield None, got.exception(), got.line
+                else:
+                    yield got, None, None
+        return self._judge(results(), printed)
+
+    def _judge(self, results: Iterator[tuple], printed: str = "") -> Feedback:
+        """Compare each case's ``(got, error, line)`` from ``results`` with
+        the reference's value; the first failed case is the feedback."""
         for i, (args, kwargs) in enumerate(self.cases, start=1):
             call = self._call_text(args, kwargs)
             expected = self.reference(*copy.deepcopy(args),
                                       **copy.deepcopy(kwargs))
-            got = (outcome.results[i - 1] if i <= len(outcome.results)
-                   else sandbox.Failure("crash", message="no result"))
-            if isinstance(got, sandbox.Failure):
-                error = got.exception()
-                line = (tr(" (line {line} of your code)", line=got.line)
-                        if got.line is not None else "")
+            got, error, line = next(results)
+            if error is not None:
                 return Feedback(False, tr(
                     "Case {i}, `{call}`: your function {what}", i=i,
                     call=call, what=_what_happened(error, self.time_limit))
-                                + line
+                                + _line_text(line)
                                 + self._hint(args, kwargs, expected,
                                              error=error) + printed)
             problem = self._problem(expected, got)
@@ -348,10 +350,8 @@ class FunctionExercise(Exercise):
         if kind == "start":
             return tr("Could not start the process that runs your code "
                       "({error}).", error=failure.message[-300:])
-        line = (tr(" (line {line} of your code)", line=failure.line)
-                if failure.line is not None else "")
         return tr("Running your code {what}", what=_what_happened(
-            failure.exception(), self.time_limit)) + line
+            failure.exception(), self.time_limit)) + _line_text(failure.line)
 
     def _problem(self, expected: Any, got: Any) -> str | None:
         """What is wrong with ``got`` on a case (None if it is right)."""
@@ -418,13 +418,18 @@ def _what_happened(exc: BaseException, seconds: float) -> str:
     return tr("raised {error}", error=f"{type(exc).__name__}: {exc}")
 
 
-def _learner_line(exc: BaseException) -> str:
-    """' (line N of your code)' if the error came from the learner's code."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    for frame in reversed(frames):
+def learner_line_number(exc: BaseException) -> int | None:
+    """The line of the learner's code the error came from, if it did."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         if frame.filename.startswith("<your "):
-            return tr(" (line {line} of your code)", line=frame.lineno)
-    return ""
+            return frame.lineno
+    return None
+
+
+def _line_text(line: int | None) -> str:
+    """' (line N of your code)', or nothing when the line is unknown."""
+    return "" if line is None else tr(" (line {line} of your code)",
+                                      line=line)
 
 
 class DiagnosedFunctionExercise(FunctionExercise):

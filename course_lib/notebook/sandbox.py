@@ -44,7 +44,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -409,18 +408,14 @@ def _opaque(value: Any) -> dict:
 
 
 def _describe_failure(exc: BaseException, time_limit: float) -> dict:
-    from .function_exercise import LearnerTimeout
+    from .function_exercise import LearnerTimeout, learner_line_number
     if isinstance(exc, LearnerTimeout):
         return {"kind": "timeout", "message": f"{time_limit:g}"}
     if isinstance(exc, SystemExit):
         return {"kind": "exit"}
     if isinstance(exc, KeyboardInterrupt):
         return {"kind": "interrupt"}
-    line = None
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if frame.filename.startswith("<your "):
-            line = frame.lineno
-            break
+    line = learner_line_number(exc)
     try:
         message = str(exc)[:MAX_TEXT]
     except BaseException:
