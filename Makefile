@@ -158,6 +158,7 @@ test-colab: $(STAMP)
 	$(BIN)/python -m pytest tests -q -m colab -p no:cacheprovider
 
 notebooks: $(STAMP)
+	$(BIN)/python scripts/hide_exercise_cells.py $(NB)
 	$(BIN)/python scripts/run_notebooks.py $(NB)
 
 # After changing a chapter or its translation (course_lib/notebook/locale/zh/):

@@ -54,6 +54,7 @@ CHAPTERS: dict[int, dict[str, str]] = {
         "experiments.recall": "the recall task, RNN against attention"},
     2: {"model.sinusoidal": "the frequencies and the sinusoidal table",
         "model.rope": "rotary embeddings: apply_rope, RotaryEmbedding",
+        "model.alibi": "ALiBi: per-head slopes and the causal distance bias",
         "experiments.position_probes": "the rotation identity, offset dot "
                                        "products, clock hands"},
     3: {"model.attention": "scaled dot-product attention, explicit and "
@@ -78,6 +79,8 @@ CHAPTERS: dict[int, dict[str, str]] = {
         "experiments.head_roles": "role scores of heads on real text"},
     6: {"model.block": "FFN, SwiGLU, LayerNorm/RMSNorm and the pre-norm "
                        "decoder block",
+        "model.qk_norm": "QK-norm: RMSNorm on each head's queries and "
+                         "keys",
         "model.transformer": "the paper's encoder-decoder with its "
                              "post-norm layers",
         "model.decoder_lm": "a GPT-2/Llama decoder-only language model",
@@ -96,16 +99,22 @@ CHAPTERS: dict[int, dict[str, str]] = {
         "generation.penalties": "repetition, frequency and presence "
                                 "penalties; no repeated n-grams",
         "generation.beam_search": "beam search with length "
-                                  "normalisation"},
+                                  "normalisation",
+        "generation.speculative": "the acceptance step of speculative "
+                                  "decoding"},
     9: {"model.kv_cache": "the KV cache, per layer and per model",
         "generation.decoding": "cached generation, prefix reuse, prefill "
                                "against decode",
         "sizing.kv_cache_size": "the bytes of a KV cache from a config",
         "generation.ragged": "batched generation of prompts of different "
                              "lengths: left padding, per-row positions",
-        "model.kv_quant": "int8 quantisation of cached keys and values"},
+        "model.kv_quant": "int8 quantisation of cached keys and values",
+        "model.rolling_kv_cache": "a sliding-window cache as a ring "
+                                  "buffer"},
     10: {"model.yarn": "YaRN: the RoPE correction of a long context",
-         "model.mla": "multi-head latent attention, explicit and absorbed"},
+         "model.mla": "multi-head latent attention, explicit and absorbed",
+         "pretrained.fp8_blocks": "FP8 weights with one scale per "
+                                  "128 x 128 block"},
     11: {"model.routing": "top-k and DeepSeek-V3 routers",
          "model.load_balancing": "expert load, auxiliary loss, bias "
                                  "update",

@@ -46,7 +46,8 @@ from torch import nn
 from ._util.threads import small_ops
 from ._util.validation import check_batch, check_int, check_real, check_type
 
-__all__ = ["lr_multiplier", "make_optimizer", "next_token_loss", "History",
+__all__ = ["lr_multiplier", "make_optimizer", "next_token_loss",
+           "bits_per_token", "label_smoothed_loss", "History",
            "train", "evaluate", "save_checkpoint", "save_state_file",
            "read_state_file", "load_checkpoint", "IGNORE"]
 
@@ -124,6 +125,98 @@ def next_token_loss(model: nn.Module, batch) -> torch.Tensor:
     logits = model(inputs)                                   # (B, T, V)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
                            ignore_index=IGNORE)
+
+
+def _check_logits_targets(logits, targets) -> None:
+    """``logits`` (B, T, V) floating, ``targets`` (B, T) integer ids in
+    ``[0, V)`` or ``IGNORE``, at least one of them counted."""
+    check_type("logits", logits, torch.Tensor, "a torch.Tensor")
+    check_type("targets", targets, torch.Tensor, "a torch.Tensor")
+    if not logits.dtype.is_floating_point or logits.dim() != 3:
+        raise ValueError(f"logits must be a floating (B, T, V) tensor, got "
+                         f"{logits.dtype} of shape {tuple(logits.shape)}")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool \
+            or tuple(targets.shape) != tuple(logits.shape[:2]):
+        raise ValueError(f"targets must be an integer (B, T) = "
+                         f"{tuple(logits.shape[:2])} tensor, got "
+                         f"{targets.dtype} of shape {tuple(targets.shape)}")
+    keep = targets != IGNORE
+    if not keep.any():
+        raise ValueError("targets must hold at least one target that is not "
+                         "IGNORE (a mean over no tokens is NaN)")
+    if ((targets[keep] < 0) | (targets[keep] >= logits.shape[-1])).any():
+        raise ValueError(f"targets must be IGNORE or ids in [0, "
+                         f"{logits.shape[-1]})")
+
+
+def _counted_log_probs(logits, targets):
+    """``log q`` (n, V) in float64 at the n counted positions, and their
+    targets (n,). ``log q = z - logsumexp(z)``: finite for any finite
+    logits."""
+    keep = targets != IGNORE                                 # (B, T)
+    z = logits[keep].double()                                # (n, V)
+    return z - torch.logsumexp(z, dim=-1, keepdim=True), targets[keep]
+
+
+def bits_per_token(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    r"""Mean surprisal in bits of the counted targets.
+
+    $$\frac{1}{n}\sum_{t:\,y_t \ne \text{IGNORE}}
+    -\log_2 \mathrm{softmax}(z_t)_{y_t},$$
+
+    the cross-entropy of :func:`next_token_loss` divided by $\ln 2$,
+    computed in float64 with ``logsumexp`` (finite for logits of any
+    size).
+
+    Args:
+        logits: ``(B, T, V)`` floating.
+        targets: ``(B, T)`` integer ids, ``IGNORE`` where nothing counts
+            (at least one must count).
+
+    Returns:
+        Bits per counted target, a Python float.
+    """
+    _check_logits_targets(logits, targets)
+    log_q, y = _counted_log_probs(logits, targets)           # (n, V), (n,)
+    nats = -log_q.gather(-1, y[:, None])[:, 0].mean()
+    return (nats / math.log(2)).item()
+
+
+def label_smoothed_loss(logits: torch.Tensor, targets: torch.Tensor,
+                        epsilon: float) -> float:
+    r"""Cross-entropy against a smoothed target that gives the observed
+    token $1 - \epsilon$ and each of the $V - 1$ other tokens
+    $\epsilon / (V - 1)$, averaged over the counted targets:
+
+    $$y'_v = (1 - \epsilon)\,[v = y] + \frac{\epsilon}{V - 1}\,[v \ne y],
+    \qquad \mathcal{L} = \frac{1}{n}\sum_t -\sum_v y'_{t,v}
+    \log q_{t,v}.$$
+
+    This is fairseq's ``label_smoothed_cross_entropy``. PyTorch's
+    ``F.cross_entropy(label_smoothing=eps)`` spreads $\epsilon$ over all
+    $V$ tokens, the observed one included ($y'_v = (1 - \epsilon)[v = y]
+    + \epsilon / V$); the two agree when PyTorch is given
+    $\epsilon V / (V - 1)$. $\epsilon = 0$ is the ordinary cross-entropy.
+
+    Args:
+        logits: ``(B, T, V)`` floating, $V \ge 2$.
+        targets: ``(B, T)`` integer ids, ``IGNORE`` where nothing counts
+            (at least one must count).
+        epsilon: the smoothing mass, in ``[0, 1]``.
+
+    Returns:
+        Nats per counted target, a Python float.
+    """
+    _check_logits_targets(logits, targets)
+    check_real("epsilon", epsilon, minimum=0, maximum=1)
+    V = logits.shape[-1]
+    if V < 2:
+        raise ValueError(f"logits must have V >= 2 tokens to smooth over, "
+                         f"got V = {V}")
+    log_q, y = _counted_log_probs(logits, targets)           # (n, V), (n,)
+    smooth = torch.full_like(log_q, epsilon / (V - 1))       # (n, V) = y'
+    smooth.scatter_(-1, y[:, None], 1.0 - epsilon)
+    return -(smooth * log_q).sum(-1).mean().item()
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Function exercises defined in the chapters, checked from outside.
 
-A chapter's exercise cell holds a reference implementation, test cases
-and a model solution. These tests read that cell from the notebook and
-check that (1) the reference agrees with the library class it teaches,
+A chapter's exercise cell holds test cases and a model solution, and
+passes a reference from the library. These tests read that cell from the
+notebook and check that (1) the reference agrees with the library class
+it teaches,
 (2) the model solution passes the checker, and (3) the usual wrong
 answers do not. Chapter 11's DeepSeek-V3 gates so far.
 """
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from course_lib.notebook.function_exercise import FunctionExercise
-from course_lib.model.routing import DeepSeekV3Router, group_limited_mask
+from course_lib.model.routing import DeepSeekV3Router, deepseek_v3_gates
 
 from notebook_support import exercise_cell
 
@@ -19,12 +20,14 @@ from notebook_support import exercise_cell
 @pytest.fixture(scope="module")
 def v3_exercise():
     ns = {"torch": torch, "FunctionExercise": FunctionExercise,
-          "group_limited_mask": group_limited_mask}
+          "deepseek_v3_gates": deepseek_v3_gates}
     source = exercise_cell("ch11_moe.ipynb", "ch11-v3-gates")
     exec(source.replace("FunctionExercise(\n", "EXERCISE = FunctionExercise(\n",
                         1), ns)
     solution = ns["EXERCISE"].solution.split("```python\n")[1].split("```")[0]
-    return ns["v3_gates"], ns["EXERCISE"], solution
+    assert "\ndef v3_gates" not in source    # the reference is the library's
+    assert ns["EXERCISE"].reference is deepseek_v3_gates
+    return deepseek_v3_gates, ns["EXERCISE"], solution
 
 
 def test_reference_is_the_v3_router(v3_exercise):

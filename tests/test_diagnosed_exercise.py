@@ -45,7 +45,8 @@ def assert_feedback(feedback, *needles):
 # ------------------------------------------------------------------ class
 def test_diagnosis_names_the_mistake_that_reproduces_the_answer():
     ex = DiagnosedFunctionExercise(
-        key="t-double", prompt="p", func_name="f",
+        key="t-double",
+        purpose="application", prompt="p", func_name="f",
         starter_code="def f(x):\n    ...\n", reference=lambda x: 2 * x,
         cases=[((0,), {}), ((3,), {})], hint="h", solution="s",
         mistakes=[(lambda x: x * x, "squared"),
@@ -68,7 +69,8 @@ def test_diagnosis_names_the_mistake_that_reproduces_the_answer():
 
 def test_dtype_must_match_for_floating_tensors():
     ex = DiagnosedFunctionExercise(
-        key="t-dtype", prompt="p", func_name="f", starter_code="",
+        key="t-dtype",
+        purpose="application", prompt="p", func_name="f", starter_code="",
         reference=lambda x: x * 2, cases=[((torch.ones(2).half(),), {})],
         hint="h", solution="s",
         mistakes=[(lambda x: x.float() * 2, "cast back")])
@@ -82,7 +84,8 @@ def test_dtype_must_match_for_floating_tensors():
 def test_mistakes_are_validated(bad):
     with pytest.raises(ValueError, match="mistakes"):
         DiagnosedFunctionExercise(
-            key="t-bad", prompt="p", func_name="f", starter_code="",
+            key="t-bad",
+            purpose="application", prompt="p", func_name="f", starter_code="",
             reference=len, cases=[(("a",), {})], hint="h", solution="s",
             mistakes=bad)
 
@@ -110,9 +113,10 @@ def loop_bits(logits, targets):
 
 def test_bits_reference_equals_a_loop(bits):
     ns, ex, _ = bits
+    assert ex.reference is training.bits_per_token
     assert len(ex.cases) >= 5
     for (logits, targets), _ in ex.cases:
-        assert ns["bits_per_token"](logits, targets) == pytest.approx(
+        assert ex.reference(logits, targets) == pytest.approx(
             loop_bits(logits, targets), rel=1e-6)
     # the cases cover what the mistakes need: ignored targets, a fully
     # ignored row, logits beyond float32's exp range
@@ -202,7 +206,7 @@ def test_rms_reference_equals_torch(rms):
     dtypes = set()
     for (x, w, eps), _ in ex.cases:
         dtypes.add(x.dtype)
-        got = ns["rms_norm"](x, w, eps)
+        got = ex.reference(x, w, eps)
         assert got.dtype == x.dtype
         # torch's rms_norm on float32, cast back: the float32 upcast
         want = F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps)

@@ -18,7 +18,8 @@ from course_lib.notebook.function_exercise import (FunctionExercise,
 
 def numeric():
     return NumericExercise(
-        key="t-decay", prompt="What is $0.9^{50}$?", answer=0.9 ** 50,
+        key="t-decay",
+        purpose="application", prompt="What is $0.9^{50}$?", answer=0.9 ** 50,
         rtol=0.02, mistakes=[(0.9 * 50, "You multiplied instead of taking "
                               "a power.")],
         hint="Repeated multiplication.", solution="$0.9^{50}$.")
@@ -26,7 +27,8 @@ def numeric():
 
 def choice():
     return ChoiceExercise(
-        key="t-path", prompt="Path length of self-attention?",
+        key="t-path",
+        purpose="application", prompt="Path length of self-attention?",
         options=["O(1)", "O(log L)", "O(L)"], answer=0,
         explanations=["Every token sees every other directly.",
                       "That is a dilated CNN.", "That is an RNN."],
@@ -39,7 +41,8 @@ def causal_mask(q_len):
 
 def function():
     return FunctionExercise(
-        key="t-causal", prompt="Implement `causal_mask(q_len)`.",
+        key="t-causal",
+        purpose="application", prompt="Implement `causal_mask(q_len)`.",
         func_name="causal_mask",
         starter_code="def causal_mask(q_len):\n    ...\n",
         reference=causal_mask, cases=[((1,), {}), ((4,), {})],
@@ -93,7 +96,7 @@ def test_numeric_bad_input_is_feedback(bad, needle):
 
 
 def test_numeric_fraction_text():
-    ex = NumericExercise(key="t-frac", prompt="p", answer=2 / 3,
+    ex = NumericExercise(key="t-frac", purpose="application", prompt="p", answer=2 / 3,
                          hint="h", solution="s")
     assert ex.check("2/3").correct
     assert not ex.check("1/3").correct
@@ -123,13 +126,13 @@ def test_hint_and_solution_toggle():
 
 def test_numeric_rejects_bad_construction():
     with pytest.raises(ValueError, match="tolerances"):
-        NumericExercise(key="t-x", prompt="p", answer=1, hint="h",
+        NumericExercise(key="t-x", purpose="application", prompt="p", answer=1, hint="h",
                         solution="s", rtol=0, atol=0)
     with pytest.raises(ValueError, match="key must be a lowercase slug"):
-        NumericExercise(key="Bad Key", prompt="p", answer=1, hint="h",
+        NumericExercise(key="Bad Key", purpose="application", prompt="p", answer=1, hint="h",
                         solution="s")
     with pytest.raises(ValueError, match="prompt must be a non-empty"):
-        NumericExercise(key="t-x", prompt=" ", answer=1, hint="h",
+        NumericExercise(key="t-x", purpose="application", prompt=" ", answer=1, hint="h",
                         solution="s")
 
 
@@ -164,13 +167,13 @@ def test_choice_widget_round_trip():
 
 def test_choice_rejects_bad_construction():
     with pytest.raises(ValueError, match="answer must be an index"):
-        ChoiceExercise(key="t-c", prompt="p", options=["a", "b"], answer=2,
+        ChoiceExercise(key="t-c", purpose="application", prompt="p", options=["a", "b"], answer=2,
                        hint="h", solution="s")
     with pytest.raises(ValueError, match="distinct"):
-        ChoiceExercise(key="t-c", prompt="p", options=["a", "a"], answer=0,
+        ChoiceExercise(key="t-c", purpose="application", prompt="p", options=["a", "a"], answer=0,
                        hint="h", solution="s")
     with pytest.raises(ValueError, match="one entry per option"):
-        ChoiceExercise(key="t-c", prompt="p", options=["a", "b"], answer=0,
+        ChoiceExercise(key="t-c", purpose="application", prompt="p", options=["a", "b"], answer=0,
                        hint="h", solution="s", explanations=["x"])
 
 
@@ -219,7 +222,8 @@ def test_function_reports_first_failing_case_with_call():
 
 def test_function_nan_and_value_mismatch():
     ex = FunctionExercise(
-        key="t-soft", prompt="softmax", func_name="f", starter_code="",
+        key="t-soft",
+        purpose="application", prompt="softmax", func_name="f", starter_code="",
         reference=lambda x: torch.softmax(x, -1),
         cases=[((torch.tensor([1.0, 2.0, 3.0]),), {})], hint="h",
         solution="s")
@@ -242,7 +246,7 @@ def test_function_inputs_are_copied_per_call():
         x.mul_(0)          # a learner bug that must not corrupt the case
         return out
 
-    ex = FunctionExercise(key="t-sum", prompt="p", func_name="f",
+    ex = FunctionExercise(key="t-sum", purpose="application", prompt="p", func_name="f",
                           starter_code="", reference=reference,
                           cases=[((torch.ones(3),), {})] * 2, hint="h",
                           solution="s")
@@ -269,7 +273,8 @@ def test_safe_check_turns_checker_bugs_into_feedback():
 
 
 def test_function_rejects_bad_construction():
-    kwargs = dict(key="t-f", prompt="p", func_name="f", starter_code="",
+    kwargs = dict(key="t-f", purpose="application", prompt="p",
+                  func_name="f", starter_code="",
                   reference=abs, hint="h", solution="s")
     with pytest.raises(ValueError, match="cases must hold"):
         FunctionExercise(cases=[], **kwargs)
@@ -380,7 +385,7 @@ def test_the_page_checker_reads_numbers_exactly_as_python():
 
 
 def test_correct_shows_the_learners_exact_number():
-    ex = NumericExercise(key="t-exact", prompt="p", answer=2362368,
+    ex = NumericExercise(key="t-exact", purpose="application", prompt="p", answer=2362368,
                          hint="h", solution="s")
     assert ex.check("2,362,368").message == "Correct: 2362368."
     assert "2362370" not in ex.check("2362368").message
@@ -399,13 +404,13 @@ def test_odd_numbers_given_directly_are_feedback_not_errors():
     assert "holds no value" in ex.check(torch.empty((), device="meta")).message
     for bad in (dict(rtol=float("nan")), dict(atol=-1.0)):
         with pytest.raises(ValueError, match="tol"):
-            NumericExercise(key="t-x", prompt="p", answer=1.0, hint="h",
+            NumericExercise(key="t-x", purpose="application", prompt="p", answer=1.0, hint="h",
                             solution="s", **bad)
 
 
 def test_static_html_renders_markdown_everywhere():
     # Options, feedback and prompts showed raw $..$ and *word*
-    ch = ChoiceExercise(key="t-md", prompt="Pick *one*.",
+    ch = ChoiceExercise(key="t-md", purpose="application", prompt="Pick *one*.",
                         options=["It is $b_i$.", "plain"], answer=1,
                         hint="*Think*.", solution="s",
                         explanations=["No: $k^R$ is *shared*.", "Yes."])
@@ -415,7 +420,7 @@ def test_static_html_renders_markdown_everywhere():
     assert "<em>one</em>" in html_ and "<em>Think</em>" in html_
     assert "innerHTML" in html_ and "MathJax.typesetPromise" not in html_
     assert "mj.typesetPromise([out])" in html_
-    num = NumericExercise(key="t-md2", prompt="p", answer=1, hint="h",
+    num = NumericExercise(key="t-md2", purpose="application", prompt="p", answer=1, hint="h",
                           solution="s", mistakes=[(2, "left out $k^R$")])
     assert r"left out \\(k^R\\)" in num.static_html()
 
@@ -424,7 +429,7 @@ def test_static_controls_are_named_and_enter_checks():
     html_ = numeric().static_html()
     assert 'aria-label="Answer to exercise t-decay"' in html_
     assert 'e.key === "Enter"' in html_
-    ch = ChoiceExercise(key="t-radio", prompt="p", options=["a", "b"],
+    ch = ChoiceExercise(key="t-radio", purpose="application", prompt="p", options=["a", "b"],
                         answer=0, hint="h", solution="s").static_html()
     assert 'role="radiogroup"\naria-label="Options for exercise t-radio"' \
         in ch
@@ -433,9 +438,37 @@ def test_static_controls_are_named_and_enter_checks():
 
 
 def test_static_data_cannot_close_its_script():
-    ch = ChoiceExercise(key="t-script", prompt="p", options=["a", "b"],
+    ch = ChoiceExercise(key="t-script", purpose="application", prompt="p", options=["a", "b"],
                         answer=0, hint="h", solution="s",
                         explanations=["</script><b>x</b>", "`</p>`"])
     body = ch._static_body()
     script = body[body.index("<script>") + 8:body.index("</script>")]
     assert "</" not in script
+
+
+def test_purpose_is_checked_and_shown():
+    with pytest.raises(ValueError, match="purpose must be one of"):
+        NumericExercise(key="t-p", purpose="quiz", prompt="p", answer=1,
+                        hint="h", solution="s")
+    ex = NumericExercise(key="t-p", purpose="application", prompt="p",
+                         answer=0.25, hint="h", solution="s")
+    assert 'data-purpose="application"' in ex.static_html()
+    assert "<strong>Exercise.</strong>" in ex.static_html()
+    assert "measures" not in ex.check("0.3").message
+
+
+def test_a_prediction_tells_what_the_experiment_measures():
+    ex = NumericExercise(key="t-pred", purpose="prediction", prompt="p",
+                         answer=0.123456, rtol=0.1, hint="h", solution="s",
+                         mistakes=[(0.5, "That is the prior.")])
+    html = ex.static_html()
+    assert "<strong>Prediction.</strong>" in html
+    assert 'data-purpose="prediction"' in html
+    measured = "The experiment in the next cell measures 0.1235."
+    for answer, correct in (("0.12", True), ("0.5", False), ("9", False),
+                            ("0.01", False)):
+        fb = ex.check(answer)
+        assert fb.correct is correct and fb.message.endswith(measured)
+    assert "That is the prior." in ex.check("0.5").message
+    assert measured in html                 # the page's copy says the same
+    assert "measures" not in ex.check("hello").message   # nothing committed

@@ -11,7 +11,8 @@ import torch
 
 from course_lib.distributed.expert_parallel import (ExpertParallelMoE,
                                                     ExpertParallelStats,
-                                                    all_to_all_bytes)
+                                                    all_to_all_bytes,
+                                                    bytes_sent_per_rank)
 from course_lib.model.moe import MoE, moe_infos
 from workers import _moe
 from errors import error_for
@@ -183,3 +184,74 @@ def test_cross_node_bytes_counts_splits_to_other_nodes():
     assert s.cross_node_bytes(4) == 0
     with pytest.raises(ValueError, match="ranks_per_node must be >= 1"):
         s.cross_node_bytes(0)
+
+
+def _bytes_sent_loop(counts, placement, d_model, b_d, b_c):
+    """bytes_sent_per_rank by plain loops over every slot group."""
+    W, E = counts.shape
+    out = [0] * W
+    for s in range(W):
+        for e in range(E):
+            r = int(placement[e])
+            if r != s:
+                c = int(counts[s, e])
+                out[s] += c * d_model * b_d          # dispatch, s -> r
+                out[r] += c * d_model * b_c          # combine, r -> s
+    return out
+
+
+@pytest.mark.parametrize("W,E,seed", [(1, 4, 0), (2, 8, 1), (4, 8, 2),
+                                      (3, 7, 3), (8, 16, 4)])
+def test_bytes_sent_per_rank_equals_a_loop(W, E, seed):
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 20, (W, E), generator=gen)
+    placement = torch.randint(0, W, (E,), generator=gen)   # any placement
+    got = bytes_sent_per_rank(counts, placement, 24, 1, 2)
+    assert got.dtype == torch.int64 and got.shape == (W,)
+    assert got.tolist() == _bytes_sent_loop(counts, placement, 24, 1, 2)
+    with torch.device("meta"):          # no tensor made without device=
+        again = bytes_sent_per_rank(counts, placement, 24, 1, 2)
+    assert torch.equal(again, got)
+
+
+def test_bytes_sent_per_rank_equals_the_stats_of_the_moe_layer():
+    """Contiguous placement, one element size: each rank's
+    ExpertParallelStats.remote_bytes_sent, built from the same splits."""
+    W, E, D, b = 4, 8, 16, 4
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 9, (W, E), generator=gen)
+    placement = torch.arange(E) // (E // W)
+    slots = counts.reshape(W, W, E // W).sum(-1)            # (W, W) s -> r
+    got = bytes_sent_per_rank(counts, placement, D, b, b)
+    for r in range(W):
+        stats = ExpertParallelStats(rank=r, row_bytes=D * b,
+                                    send_splits=slots[r].tolist(),
+                                    recv_splits=slots[:, r].tolist())
+        assert got[r].item() == stats.remote_bytes_sent
+
+
+def test_bytes_sent_per_rank_sums_to_the_uniform_formula():
+    # every rank sends c slots to every expert: exactly uniform routing
+    W, E, k, c, D, b = 4, 8, 2, 3, 32, 2
+    counts = torch.full((W, E), c)
+    placement = torch.arange(E) // (E // W)
+    n_tokens = W * E * c // k
+    total = bytes_sent_per_rank(counts, placement, D, b, b).sum().item()
+    assert total == all_to_all_bytes(n_tokens, k, D, b, world_size=W)
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((torch.ones(2, 4), torch.zeros(4, dtype=torch.long)), TypeError,
+     "counts must be an integer tensor"),
+    ((torch.ones(2, 4, dtype=torch.long), torch.zeros(3, dtype=torch.long)),
+     ValueError, "one entry per expert"),
+    ((torch.ones(2, 4, dtype=torch.long), torch.full((4,), 2)),
+     ValueError, r"ranks in \[0, 2\)"),
+    ((-torch.ones(2, 4, dtype=torch.long), torch.zeros(4, dtype=torch.long)),
+     ValueError, "counts must be >= 0"),
+    ((torch.ones(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)),
+     ValueError, "counts must be 2-D"),
+])
+def test_bytes_sent_per_rank_rejects_bad_inputs(args, error, match):
+    with pytest.raises(error, match=match):
+        bytes_sent_per_rank(*args, 8, 1, 2)

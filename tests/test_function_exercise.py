@@ -19,7 +19,8 @@ from course_lib.notebook.function_exercise import (FunctionExercise,
 
 def square_exercise(limit=0.5):
     return FunctionExercise(
-        key="t-square", prompt="Return `x * x`.", func_name="square",
+        key="t-square",
+        purpose="application", prompt="Return `x * x`.", func_name="square",
         starter_code="def square(x):\n    ...\n", reference=lambda x: x * x,
         cases=[((3,), {}), ((-2,), {})], hint="multiply",
         solution="```python\nreturn x * x\n```", time_limit=limit)
@@ -101,7 +102,8 @@ def test_a_real_kernel_survives_exit_and_loops():
         status, _ = run("""
             from course_lib.notebook.function_exercise import FunctionExercise
             ex = FunctionExercise(
-                key="k-square", prompt="p", func_name="square",
+                key="k-square",
+                purpose="application", prompt="p", func_name="square",
                 starter_code="", reference=lambda x: x * x,
                 cases=[((3,), {})], hint="h", solution="s",
                 time_limit=1.0)

@@ -74,7 +74,7 @@ def test_default_is_english_and_bad_language_is_a_value_error():
 
 
 def test_numeric_exercise_in_chinese(zh):
-    ex = NumericExercise(key="t-num", prompt="What is $1 + 1$?", answer=2,
+    ex = NumericExercise(key="t-num", purpose="application", prompt="What is $1 + 1$?", answer=2,
                          mistakes=[(1, "Count again.")], hint="Add.",
                          solution="$1 + 1 = 2$.")
     assert ex.check("2").message == "正确：2。"
@@ -90,7 +90,7 @@ def test_chapter_strings_are_looked_up_by_their_english_text(zh,
                                                              monkeypatch):
     monkeypatch.setitem(catalog("zh"), "Pick the larger one.", "选较大的。")
     monkeypatch.setitem(catalog("zh"), "two", "二")
-    ex = ChoiceExercise(key="t-choice", prompt="Pick the larger one.",
+    ex = ChoiceExercise(key="t-choice", purpose="application", prompt="Pick the larger one.",
                         options=["one", "two"], answer=1,
                         explanations=["", "Yes."], hint="Count.",
                         solution="Two.")
@@ -104,7 +104,8 @@ def test_chapter_strings_are_looked_up_by_their_english_text(zh,
 
 def test_function_exercise_feedback_in_chinese(zh):
     ex = DiagnosedFunctionExercise(
-        key="t-fn", prompt="Write `double(x)`.", func_name="double",
+        key="t-fn",
+        purpose="application", prompt="Write `double(x)`.", func_name="double",
         starter_code="def double(x):\n    ...\n", reference=lambda x: 2 * x,
         cases=[((3,), {})], hint="Multiply.", solution="`2 * x`",
         mistakes=[(lambda x: x + 2, "you added 2")])
@@ -119,7 +120,7 @@ def test_function_exercise_feedback_in_chinese(zh):
 
 
 def test_function_exercise_timeout_message_in_chinese(zh):
-    ex = FunctionExercise(key="t-loop", prompt="p", func_name="f",
+    ex = FunctionExercise(key="t-loop", purpose="application", prompt="p", func_name="f",
                           starter_code="def f():\n    ...\n",
                           reference=lambda: 1, cases=[((), {})], hint="h",
                           solution="s", time_limit=0.2)

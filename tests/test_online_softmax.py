@@ -186,3 +186,72 @@ def test_tiled_path_never_allocates_the_score_matrix():
     assert explicit.largest == 2 * 256 * 256 * 4       # (1, 2, L, L) float32
     assert tiled.largest == 2 * 256 * 32 * 4           # (1, 2, L, b)
     assert tiled.peak < explicit.peak / 2
+
+
+# -- merge_states: two key blocks' states into one (chapter 3's transfer) --
+from course_lib.model.online_softmax import merge_states  # noqa: E402
+
+
+def _state(q, k, v, scale):
+    """(m, l, o) of every query row over the keys k, written out."""
+    s = q @ k.transpose(-2, -1) * scale                    # (..., Lq, Lk)
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    return m, p.sum(-1, keepdim=True), p @ v
+
+
+@pytest.mark.parametrize("split", [1, 5, 11])
+def test_merge_states_is_attention_over_both_blocks(split):
+    q, k, v = _qkv(2, 3, lq=4, lk=12)
+    scale = 1 / math.sqrt(8)
+    m, l, o = merge_states(*_state(q, k[..., :split, :], v[..., :split, :],
+                                   scale),
+                           *_state(q, k[..., split:, :], v[..., split:, :],
+                                   scale))
+    torch.testing.assert_close(o / l, _explicit(q, k, v), rtol=0, atol=1e-12)
+    want_m, want_l, _ = _state(q, k, v, scale)
+    torch.testing.assert_close(m, want_m)
+    torch.testing.assert_close(l, want_l)
+    _, m_t, l_t = tiled_attend(q, k, v, split, False, scale)
+    torch.testing.assert_close(m, m_t)
+    torch.testing.assert_close(l, l_t)
+
+
+def test_merge_states_is_associative_and_commutative():
+    q, k, v = _qkv(3, lq=2, lk=9)
+    parts = [_state(q, k[..., i:i + 3, :], v[..., i:i + 3, :], 0.5)
+             for i in (0, 3, 6)]
+    left = merge_states(*merge_states(*parts[0], *parts[1]), *parts[2])
+    right = merge_states(*parts[0], *merge_states(*parts[1], *parts[2]))
+    swapped = merge_states(*parts[2], *merge_states(*parts[1], *parts[0]))
+    for a, b, c in zip(left, right, swapped):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, c)
+
+
+def test_merge_states_masked_block_and_large_offsets():
+    q, k, v = _qkv(lq=3, lk=6)
+    s1, s2 = _state(q, k[:3], v[:3], 1.0), _state(q, k[3:], v[3:], 1.0)
+    empty = (torch.full_like(s1[0], -math.inf), torch.zeros_like(s1[1]),
+             torch.zeros_like(s1[2]))
+    for got, want in zip(merge_states(*empty, *s2), s2):
+        torch.testing.assert_close(got, want)
+    # scores of block 2 shifted by +900: exp(900) overflows float64
+    far = (s2[0] + 900, s2[1], s2[2])
+    m, l, o = merge_states(*s1, *far)
+    assert torch.isfinite(o).all() and torch.isfinite(l).all()
+    torch.testing.assert_close(o / l, s2[2] / s2[1])
+
+
+def test_merge_states_bad_input():
+    t = torch.zeros(2, 1)
+    with pytest.raises(TypeError, match="m1"):
+        merge_states([0.0], t, t, t, t, t)
+    with pytest.raises(ValueError, match="l2 must have shape"):
+        merge_states(t, t, t, t, torch.zeros(2, 3), t)
+    with pytest.raises(ValueError, match="broadcast"):
+        merge_states(t, t, torch.zeros(2, 4), torch.zeros(3, 1), t,
+                     torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="seen a key"):
+        inf = torch.full((2, 1), -math.inf)
+        merge_states(inf, t, t, inf, t, t)

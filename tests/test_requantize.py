@@ -1,5 +1,5 @@
-"""Tests for course_lib.pretrained.requantize (chapter 13): Q4_0 round trip
-in torch and re-quantizing a model's linear layers.
+"""Tests for course_lib.pretrained.requantize (chapter 13): Q4_0 and Q4_1
+round trips in torch and re-quantizing a model's linear layers.
 
 Reference: gguf.quants (llama.cpp's NumPy implementation) quantizing to
 Q4_0 and dequantizing; the definition w = d q with |q| <= 8.
@@ -11,7 +11,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
-from course_lib.pretrained.requantize import q4_0_roundtrip, requantized
+from course_lib.pretrained.requantize import (q4_0_roundtrip,
+                                              q4_1_roundtrip, requantized)
 
 
 def gguf_roundtrip(w: torch.Tensor) -> torch.Tensor:
@@ -115,3 +116,53 @@ def test_real_weights_match_gguf_and_q4_1_is_a_fixed_point(smollm2):
         assert torch.equal(q4_0_roundtrip(w), gguf_roundtrip(w))
         again = dequantize(quantize(w.numpy(), q41), q41)
         assert np.array_equal(again, w.numpy())
+        assert torch.equal(q4_1_roundtrip(w), w)
+
+
+def gguf_q4_1(w: torch.Tensor) -> torch.Tensor:
+    t = GGMLQuantizationType.Q4_1
+    return torch.from_numpy(dequantize(quantize(w.numpy(), t), t).copy())
+
+
+@pytest.mark.parametrize("scale,shift", [(1e-3, 0.0), (0.1, 0.5),
+                                         (3.0, -2.0)])
+def test_q4_1_equals_gguf_quants(scale, shift):
+    w = scale * torch.randn(48, 256, generator=torch.Generator()
+                            .manual_seed(2)) + shift
+    assert torch.equal(q4_1_roundtrip(w), gguf_q4_1(w))
+
+
+def test_q4_1_constant_blocks_layouts_and_dtypes():
+    w = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(3))
+    w[0, 0, :32] = 0.3                                  # d = 0: all at m
+    w[1, 1, 32:] = 0.0
+    got = q4_1_roundtrip(w)
+    assert got.shape == w.shape and got.dtype == torch.float32
+    assert torch.equal(got, gguf_q4_1(w.reshape(-1, 64)).reshape(w.shape))
+    assert torch.equal(got[0, 0, :32], torch.full((32,), 0.3).half().float())
+    assert torch.equal(q4_1_roundtrip(w.double()), got)
+    # blocks run along the last axis, whatever the layout in memory
+    assert torch.equal(q4_1_roundtrip(w.transpose(0, 1)).transpose(0, 1),
+                       got)
+
+
+def test_q4_1_levels_and_error_bound():
+    """Every decoded weight is d q + m of its block with q in 0..15, and it
+    lies within half a step (plus fp16 rounding) of the weight."""
+    w = torch.randn(16, 128, generator=torch.Generator().manual_seed(4))
+    got = q4_1_roundtrip(w).reshape(-1, 32)
+    blocks = w.reshape(-1, 32)
+    m = blocks.amin(-1, keepdim=True).half().float()
+    d = ((blocks.amax(-1, keepdim=True) - blocks.amin(-1, keepdim=True))
+         / 15).half().float()
+    q = (got - m) / d
+    assert torch.allclose(q, q.round(), atol=1e-3)
+    assert q.round().min() >= 0 and q.round().max() <= 15
+    assert ((got - blocks).abs() <= d / 2 + 1e-3 * d.abs() + 1e-3).all()
+
+
+def test_q4_1_rejects_bad_weights():
+    with pytest.raises(TypeError, match="weight must be a floating tensor"):
+        q4_1_roundtrip(torch.ones(2, 32, dtype=torch.long))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        q4_1_roundtrip(torch.ones(2, 33))

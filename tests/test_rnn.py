@@ -380,3 +380,73 @@ def test_draw_seq2seq_rejects_a_string_flag():
     with pytest.raises(TypeError, match="attention"):
         draw_seq2seq(ax, ["a"], ["b"], attention="False")
     plt.close(fig)
+
+
+# -- rnn_forward and gru_forward (chapter 1's code exercises) ---------------
+from course_lib.experiments.rnn import gru_forward, rnn_forward  # noqa: E402
+
+
+def _torch_weights(module):
+    return tuple(getattr(module, f"{n}_l0").detach()
+                 for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+
+
+@pytest.mark.parametrize("B,T,D,d_h", [(1, 1, 2, 3), (3, 7, 4, 5),
+                                       (2, 12, 1, 1)])
+def test_rnn_forward_matches_torch_rnn(B, T, D, d_h):
+    torch.manual_seed(11)
+    ref = torch.nn.RNN(D, d_h, batch_first=True).double()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    torch.testing.assert_close(rnn_forward(x, *_torch_weights(ref)),
+                               ref(x)[0])
+
+
+@pytest.mark.parametrize("B,T,D,d_h", [(1, 1, 2, 3), (3, 7, 4, 5),
+                                       (2, 12, 1, 1), (4, 30, 6, 8)])
+def test_gru_forward_matches_torch_gru(B, T, D, d_h):
+    torch.manual_seed(12)
+    ref = torch.nn.GRU(D, d_h, batch_first=True).double()
+    with torch.no_grad():                 # larger weights: gates far from 1/2
+        for p in ref.parameters():
+            p.mul_(3)
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    torch.testing.assert_close(gru_forward(x, *_torch_weights(ref)),
+                               ref(x)[0])
+
+
+def test_gru_forward_is_the_equations_written_out():
+    """One step by the scalar equations (d_h = 1, D = 1)."""
+    w_ih = torch.tensor([[0.5], [-1.0], [2.0]], dtype=torch.float64)
+    w_hh = torch.tensor([[1.5], [0.3], [-0.7]], dtype=torch.float64)
+    b_ih = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    b_hh = torch.tensor([-0.2, 0.4, 0.6], dtype=torch.float64)
+    x = torch.tensor([[[1.0], [-2.0]]], dtype=torch.float64)
+    sig = lambda a: 1 / (1 + math.exp(-a))  # noqa: E731
+    h, want = 0.0, []
+    for xt in (1.0, -2.0):
+        r = sig(0.5 * xt + 0.1 + 1.5 * h - 0.2)
+        z = sig(-1.0 * xt + 0.2 + 0.3 * h + 0.4)
+        n = math.tanh(2.0 * xt + 0.3 + r * (-0.7 * h + 0.6))
+        h = (1 - z) * n + z * h
+        want.append(h)
+    got = gru_forward(x, w_ih, w_hh, b_ih, b_hh)[0, :, 0]
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fn,gates", [(rnn_forward, 1), (gru_forward, 3)])
+def test_recurrent_forward_bad_input(fn, gates):
+    x = torch.randn(2, 3, 4)
+    good = (torch.randn(gates * 5, 4), torch.randn(gates * 5, 5),
+            torch.randn(gates * 5), torch.randn(gates * 5))
+    assert fn(x, *good).shape == (2, 3, 5)
+    assert fn(x[:, :0], *good).shape == (2, 0, 5)
+    with pytest.raises(TypeError, match="x must be"):
+        fn([1.0], *good)
+    with pytest.raises(ValueError, match="x must have shape"):
+        fn(x[0], *good)
+    with pytest.raises(ValueError, match="weight_ih must have shape"):
+        fn(x, torch.randn(gates * 5, 3), *good[1:])
+    with pytest.raises(ValueError, match="weight_hh must have shape"):
+        fn(x, good[0], torch.randn(gates * 5, 4), *good[2:])
+    with pytest.raises(ValueError, match="bias_hh must have shape"):
+        fn(x, *good[:3], torch.randn(5 * gates + 1))

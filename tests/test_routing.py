@@ -307,3 +307,90 @@ def test_group_limited_mask_rejects_nan_scores():
     with pytest.raises(ValueError, match="scores"):
         group_limited_mask(torch.tensor([[float("nan"), .1, .2, .3]]),
                            n_group=2, topk_group=1)
+
+
+# ------------------------------------------------------------ as functions
+@pytest.mark.parametrize("E,k,n_group,topk_group,scale", [
+    (8, 2, 1, 1, 1.0), (8, 2, 4, 2, 2.5), (16, 4, 8, 4, 2.5),
+    (6, 3, 3, 3, 1.0)])
+def test_deepseek_v3_gates_equal_the_router(E, k, n_group, topk_group,
+                                            scale):
+    from course_lib.model.routing import deepseek_v3_gates
+    torch.manual_seed(E + k)
+    router = DeepSeekV3Router(12, E, k, n_group=n_group,
+                              topk_group=topk_group,
+                              routed_scaling_factor=scale)
+    router.e_score_correction_bias.copy_(0.3 * torch.randn(E))
+    r = router(torch.randn(20, 12))
+    got = deepseek_v3_gates(r.scores, router.e_score_correction_bias, k,
+                            n_group, topk_group, scale)
+    torch.testing.assert_close(got, r.dense_gates())
+    # the gates come from the unbiased scores: each row sums to scale
+    torch.testing.assert_close(got.sum(-1), torch.full((20,), scale))
+
+
+def test_deepseek_v3_gates_loop_form():
+    """Group scores, group choice and top-k written out token by token."""
+    from course_lib.model.routing import deepseek_v3_gates
+    gen = torch.Generator().manual_seed(3)
+    s, b = torch.rand(7, 12, generator=gen), torch.randn(12, generator=gen)
+    got = deepseek_v3_gates(s, b, 3, 4, 2, 2.0)
+    for t in range(7):
+        c = (s[t] + b).tolist()
+        groups = [sorted(c[3 * g:3 * g + 3], reverse=True)[:2]
+                  for g in range(4)]
+        best = sorted(range(4), key=lambda g: -sum(groups[g]))[:2]
+        pool = [i for i in range(12) if i // 3 in best]
+        chosen = sorted(pool, key=lambda i: -c[i])[:3]
+        total = sum(s[t, i].item() for i in chosen)
+        want = [2.0 * s[t, i].item() / total if i in chosen else 0.0
+                for i in range(12)]
+        assert got[t].tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_deepseek_v3_gates_bad_input():
+    from course_lib.model.routing import deepseek_v3_gates
+    s, b = torch.rand(3, 8), torch.zeros(8)
+    with pytest.raises(ValueError):
+        deepseek_v3_gates(s[0], b, 2, 1, 1, 1.0)          # not (N, E)
+    with pytest.raises(ValueError):
+        deepseek_v3_gates(s, torch.zeros(7), 2, 1, 1, 1.0)
+    with pytest.raises(ValueError):
+        deepseek_v3_gates(s, b, 2, 3, 1, 1.0)             # 3 does not divide 8
+    with pytest.raises(ValueError):
+        deepseek_v3_gates(s, b, 5, 4, 2, 1.0)             # k > 2 groups x 2
+    with pytest.raises((TypeError, ValueError)):
+        deepseek_v3_gates(s, b, 2, 1, 1, "2.5")
+
+
+def test_expert_choice_gates_loop_form():
+    from course_lib.model.routing import expert_choice_gates
+    gen = torch.Generator().manual_seed(5)
+    probs = torch.rand(2, 9, 4, generator=gen).softmax(-1)
+    got = expert_choice_gates(probs, 3)
+    for b in range(2):
+        for i in range(4):
+            col = probs[b, :, i].tolist()
+            top = sorted(range(9), key=lambda t: -col[t])[:3]
+            want = [col[t] if t in top else 0.0 for t in range(9)]
+            assert got[b, :, i].tolist() == pytest.approx(want)
+    # every expert takes exactly `capacity` tokens; none overflows
+    assert ((got > 0).sum(-2) == 3).all()
+
+
+def test_expert_choice_gates_edges():
+    from course_lib.model.routing import expert_choice_gates
+    probs = torch.rand(5, 3).softmax(-1)
+    torch.testing.assert_close(expert_choice_gates(probs, 5), probs)
+    one = expert_choice_gates(probs, 1)
+    assert ((one > 0).sum(0) == 1).all()
+    assert one.argmax(0).tolist() == probs.argmax(0).tolist()
+    for bad in (0, 6):
+        with pytest.raises(ValueError):
+            expert_choice_gates(probs, bad)
+    with pytest.raises(ValueError):
+        expert_choice_gates(probs[0], 1)                  # not (..., N, E)
+    with pytest.raises(ValueError):
+        expert_choice_gates(torch.full((3, 2), float("nan")), 1)
+    with pytest.raises((TypeError, ValueError)):
+        expert_choice_gates(probs, 1.5)

@@ -33,7 +33,8 @@ def square(x):
 
 def exercise(limit=LIMIT):
     return FunctionExercise(
-        key="t-hostile", prompt="Return the elementwise square.",
+        key="t-hostile",
+        purpose="application", prompt="Return the elementwise square.",
         func_name="square", starter_code="def square(x):\n    ...\n",
         reference=square, cases=CASES, hint="h", solution="s",
         time_limit=limit)
@@ -41,7 +42,8 @@ def exercise(limit=LIMIT):
 
 def mean_exercise():
     return FunctionExercise(
-        key="t-hostile-mean", prompt="Return the mean as a float.",
+        key="t-hostile-mean",
+        purpose="application", prompt="Return the mean as a float.",
         func_name="mean", starter_code="def mean(x):\n    ...\n",
         reference=lambda x: float(x.mean()), cases=CASES, hint="h",
         solution="s", time_limit=LIMIT)
@@ -235,7 +237,8 @@ def test_the_child_never_receives_the_reference_or_the_expected_values():
 
 def test_a_diagnosed_mistake_that_raises_is_named_across_the_process():
     ex = DiagnosedFunctionExercise(
-        key="t-diag", prompt="p", func_name="inv", starter_code="",
+        key="t-diag",
+        purpose="application", prompt="p", func_name="inv", starter_code="",
         reference=lambda x: 1.0 / (x + 1.0), cases=[((0.0,), {})],
         hint="h", solution="s", time_limit=LIMIT,
         mistakes=[(lambda x: 1.0 / x, "divided by x, not x + 1")])
@@ -307,7 +310,7 @@ def test_a_str_subclass_that_equals_everything_is_not_an_option():
             return True
         __hash__ = str.__hash__
 
-    ex = ChoiceExercise(key="t-liar", prompt="p", options=["a", "b"],
+    ex = ChoiceExercise(key="t-liar", purpose="application", prompt="p", options=["a", "b"],
                         answer=0, explanations=["x", "y"], hint="h",
                         solution="s")
     assert not ex.check(Liar("b")).correct

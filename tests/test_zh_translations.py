@@ -38,7 +38,7 @@ def _notebook(cells):
         "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
-EXERCISE = ('NumericExercise(key="toy-1", prompt="What is $1 + 1$?", '
+EXERCISE = ('NumericExercise(key="toy-1", purpose="application", prompt="What is $1 + 1$?", '
             'answer=2, mistakes=[(1, "Count again.")], hint="Add.", '
             'solution="$1 + 1 = 2$.")')
 

@@ -46,7 +46,8 @@ from ..model.load_balancing import expert_load, load_balancing_loss
 from ..model.moe import MoE, MoEInfo
 from .collectives import all_to_all, require_group, resolve_rank_and_size
 
-__all__ = ["all_to_all_bytes", "ExpertParallelStats", "ExpertParallelMoE"]
+__all__ = ["all_to_all_bytes", "bytes_sent_per_rank", "ExpertParallelStats",
+           "ExpertParallelMoE"]
 
 
 def all_to_all_bytes(n_tokens: int, top_k: int, d_model: int,
@@ -66,6 +67,75 @@ def all_to_all_bytes(n_tokens: int, top_k: int, d_model: int,
         check_int(name, v, minimum=0 if name == "n_tokens" else 1)
     total = 2 * n_tokens * top_k * d_model * element_size
     return total if world_size == 1 else total * (world_size - 1) / world_size
+
+
+def bytes_sent_per_rank(counts: torch.Tensor, placement: torch.Tensor,
+                        d_model: int, dispatch_size: int,
+                        combine_size: int) -> torch.Tensor:
+    r"""Bytes each rank sends to the other ranks in one MoE layer, for a
+    given routing table and any placement of the experts.
+
+    Rank $s$'s tokens send ``counts[s, e]`` slots to expert $e$, which
+    lives on rank $p_e$ = ``placement[e]``. Summed over experts, rank $s$
+    sends $S_{sr} = \sum_{e:\,p_e = r} c_{se}$ slots to rank $r$. A slot
+    that stays on its rank ($r = s$) is copied, not sent. Rank $r$ sends
+    its own remote slots out at dispatch, each $D$ numbers of
+    ``dispatch_size`` bytes, and the results of the remote slots its
+    experts served back at combine, each $D$ numbers of ``combine_size``
+    bytes:
+
+    $$\text{sent}_r = D\Big(b_d \sum_{s \ne r} S_{rs}
+    + b_c \sum_{s \ne r} S_{sr}\Big).$$
+
+    With $b_d = b_c$ and the contiguous placement of
+    :class:`ExpertParallelMoE` this is
+    :attr:`ExpertParallelStats.remote_bytes_sent` of each rank; summed
+    over ranks and averaged over uniform routings it is
+    :func:`all_to_all_bytes` with ``world_size`` $W$.
+
+    Args:
+        counts: ``(W, E)`` integer tensor, slots of each rank's tokens
+            per expert ($\ge 0$).
+        placement: ``(E,)`` integer tensor, the rank of each expert, in
+            $[0, W)$ (any placement; a rank may hold no expert).
+        d_model: $D$, numbers per slot.
+        dispatch_size, combine_size: bytes per number at dispatch and at
+            combine ($b_d$, $b_c$; e.g. 1 for FP8, 2 for bf16).
+
+    Returns:
+        ``(W,)`` int64: bytes rank $r$ sends to other ranks.
+    """
+    check_type("counts", counts, torch.Tensor, "a torch.Tensor")
+    check_type("placement", placement, torch.Tensor, "a torch.Tensor")
+    for name, t, dims in (("counts", counts, 2), ("placement", placement, 1)):
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+            raise TypeError(f"{name} must be an integer tensor, got "
+                            f"{t.dtype}")
+        if t.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D, got shape "
+                             f"{tuple(t.shape)}")
+    W, E = counts.shape
+    if W == 0 or E == 0:
+        raise ValueError(f"counts must have at least one rank and one "
+                         f"expert, got shape {tuple(counts.shape)}")
+    if placement.shape[0] != E:
+        raise ValueError(f"placement must have one entry per expert "
+                         f"({E}), got shape {tuple(placement.shape)}")
+    if (counts < 0).any():
+        raise ValueError("counts must be >= 0")
+    if (placement < 0).any() or (placement >= W).any():
+        raise ValueError(f"placement must hold ranks in [0, {W}), got "
+                         f"{placement.tolist()}")
+    check_int("d_model", d_model, minimum=1)
+    check_int("dispatch_size", dispatch_size, minimum=1)
+    check_int("combine_size", combine_size, minimum=1)
+    slots = torch.zeros(W, W, dtype=torch.int64, device=counts.device
+                        ).index_add_(1, placement.long().to(counts.device),
+                                     counts.long())        # (W, W): s -> r
+    remote = slots.masked_fill(
+        torch.eye(W, dtype=torch.bool, device=counts.device), 0)
+    return d_model * (dispatch_size * remote.sum(1)        # own slots out
+                      + combine_size * remote.sum(0))      # results back
 
 
 @dataclass

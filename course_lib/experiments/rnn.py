@@ -23,7 +23,8 @@ from torch import nn
 
 from .._util.validation import check_bool, check_int, check_real, check_type
 
-__all__ = ["SimpleRNN", "set_recurrent_scale", "gradient_norm_vs_distance",
+__all__ = ["SimpleRNN", "rnn_forward", "gru_forward", "set_recurrent_scale",
+           "gradient_norm_vs_distance",
            "PATH_KINDS", "MAX_PATH_STEPS", "max_path_length", "draw_seq2seq"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "linear": lambda z: z}
@@ -86,6 +87,110 @@ class SimpleRNN(nn.Module):
                     + h @ self.weight_hh.T + self.bias_hh)  # (B, d_h)
             outputs.append(h)
         return torch.stack(outputs, dim=1), h  # (B, T, d_h), (B, d_h)
+
+
+def _check_recurrent_weights(x: torch.Tensor, weight_ih: torch.Tensor,
+                             weight_hh: torch.Tensor, bias_ih: torch.Tensor,
+                             bias_hh: torch.Tensor, gates: int) -> int:
+    """Check ``torch.nn.RNN``/``GRU``-shaped weights against ``x``
+    (B, T, D), with ``gates`` blocks of d_h rows; return d_h."""
+    for name, t in (("x", x), ("weight_ih", weight_ih),
+                    ("weight_hh", weight_hh), ("bias_ih", bias_ih),
+                    ("bias_hh", bias_hh)):
+        check_type(name, t, torch.Tensor, "a torch.Tensor")
+    if x.dim() != 3:
+        raise ValueError(f"x must have shape (B, T, D), got {tuple(x.shape)}")
+    if weight_hh.dim() != 2 or weight_hh.shape[0] != gates * \
+            weight_hh.shape[1] or weight_hh.shape[1] < 1:
+        raise ValueError(f"weight_hh must have shape ({gates}*d_h, d_h), "
+                         f"got {tuple(weight_hh.shape)}")
+    d_h = weight_hh.shape[1]
+    rows = gates * d_h
+    if weight_ih.shape != (rows, x.shape[-1]):
+        raise ValueError(f"weight_ih must have shape ({rows}, "
+                         f"{x.shape[-1]}), got {tuple(weight_ih.shape)}")
+    for name, t in (("bias_ih", bias_ih), ("bias_hh", bias_hh)):
+        if t.shape != (rows,):
+            raise ValueError(f"{name} must have shape ({rows},), got "
+                             f"{tuple(t.shape)}")
+    return d_h
+
+
+def rnn_forward(x: torch.Tensor, weight_ih: torch.Tensor,
+                weight_hh: torch.Tensor, bias_ih: torch.Tensor,
+                bias_hh: torch.Tensor) -> torch.Tensor:
+    r"""Every state of the tanh Elman RNN, from $h_0 = 0$.
+
+    $h_t = \tanh(W_{xh} x_t + b_{xh} + W_{hh} h_{t-1} + b_{hh})$, the
+    recurrence of :class:`SimpleRNN` (and of ``torch.nn.RNN``) with the
+    given parameters instead of a module's.
+
+    Args:
+        x: inputs (B, T, D).
+        weight_ih: $W_{xh}$ (d_h, D); weight_hh: $W_{hh}$ (d_h, d_h);
+        bias_ih, bias_hh: (d_h,). The shapes of ``torch.nn.RNN``.
+    Returns:
+        all states $h_1, \dots, h_T$ stacked, (B, T, d_h).
+    """
+    _check_recurrent_weights(x, weight_ih, weight_hh, bias_ih, bias_hh, 1)
+    h = x.new_zeros(x.shape[0], weight_hh.shape[0])          # (B, d_h)
+    states = []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[:, t] @ weight_ih.T + bias_ih
+                       + h @ weight_hh.T + bias_hh)           # (B, d_h)
+        states.append(h)
+    if not states:                                           # T = 0
+        return x.new_zeros(x.shape[0], 0, weight_hh.shape[0])
+    return torch.stack(states, dim=1)                        # (B, T, d_h)
+
+
+def gru_forward(x: torch.Tensor, weight_ih: torch.Tensor,
+                weight_hh: torch.Tensor, bias_ih: torch.Tensor,
+                bias_hh: torch.Tensor) -> torch.Tensor:
+    r"""Every state of a one-layer GRU (Cho et al., 2014), from $h_0 = 0$,
+    in ``torch.nn.GRU``'s convention.
+
+    With $\sigma$ the logistic function and $\odot$ the elementwise
+    product, at each step
+
+    $$r_t = \sigma(W_{ir}x_t + b_{ir} + W_{hr}h_{t-1} + b_{hr}),\qquad
+      z_t = \sigma(W_{iz}x_t + b_{iz} + W_{hz}h_{t-1} + b_{hz}),$$
+    $$n_t = \tanh\big(W_{in}x_t + b_{in}
+            + r_t \odot (W_{hn}h_{t-1} + b_{hn})\big),\qquad
+      h_t = (1 - z_t)\odot n_t + z_t \odot h_{t-1}.$$
+
+    The reset gate $r_t$ multiplies $W_{hn}h_{t-1} + b_{hn}$, bias
+    included (PyTorch's and cuDNN's form; the paper puts $r_t$ on
+    $h_{t-1}$ before the product). The update gate $z_t$ near 1 keeps the
+    old state: along that path the Jacobian is $\mathrm{diag}(z_t)$, the
+    GRU's version of the LSTM's forget gate.
+
+    Args:
+        x: inputs (B, T, D).
+        weight_ih: $[W_{ir}; W_{iz}; W_{in}]$ stacked by rows, (3 d_h, D);
+        weight_hh: $[W_{hr}; W_{hz}; W_{hn}]$, (3 d_h, d_h);
+        bias_ih: $[b_{ir}; b_{iz}; b_{in}]$, (3 d_h,); bias_hh: likewise.
+            The order (reset, update, new) and the shapes are those of
+            ``torch.nn.GRU``'s ``weight_ih_l0`` etc.
+    Returns:
+        all states $h_1, \dots, h_T$ stacked, (B, T, d_h).
+    """
+    d_h = _check_recurrent_weights(x, weight_ih, weight_hh, bias_ih,
+                                   bias_hh, 3)
+    h = x.new_zeros(x.shape[0], d_h)                         # (B, d_h)
+    gx = x @ weight_ih.T + bias_ih                           # (B, T, 3 d_h)
+    states = []
+    for t in range(x.shape[1]):
+        x_r, x_z, x_n = gx[:, t].split(d_h, dim=-1)          # 3 x (B, d_h)
+        h_r, h_z, h_n = (h @ weight_hh.T + bias_hh).split(d_h, dim=-1)
+        r = torch.sigmoid(x_r + h_r)                         # reset gate
+        z = torch.sigmoid(x_z + h_z)                         # update gate
+        n = torch.tanh(x_n + r * h_n)                        # candidate
+        h = (1 - z) * n + z * h                              # (B, d_h)
+        states.append(h)
+    if not states:                                           # T = 0
+        return x.new_zeros(x.shape[0], 0, d_h)
+    return torch.stack(states, dim=1)                        # (B, T, d_h)
 
 
 def set_recurrent_scale(rnn: nn.Module, *, rho: float,

@@ -41,6 +41,7 @@ from .._util.validation import (
     check_dropout,
     check_int,
     check_real,
+    check_shape,
     check_sizes,
     check_type,
 )
@@ -49,7 +50,7 @@ if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
 
 __all__ = ["ffn_param_count", "swiglu_param_count", "llama_hidden_dim",
-           "FeedForward", "SwiGLU", "RMSNorm", "make_norm",
+           "FeedForward", "SwiGLU", "RMSNorm", "rms_norm", "make_norm",
            "DecoderBlock"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
@@ -193,6 +194,35 @@ class RMSNorm(nn.Module):
         # x / sqrt(mean(x^2) + eps)
         inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * inv_rms).to(x.dtype) * self.weight        # (..., D)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor,
+             eps: float = 1e-6) -> torch.Tensor:
+    r"""RMSNorm as a function: $\gamma \odot x /
+    \sqrt{\frac1D \sum_i x_i^2 + \epsilon}$ over the last axis.
+
+    The computation of :meth:`RMSNorm.forward` with the gain passed in:
+    half-precision inputs (float16, bfloat16) are upcast to float32 for
+    the statistic, as Llama does ($x^2$ of a float16 entry of 300 is
+    beyond float16's largest value 65504), the normalised vector is cast
+    back to ``x``'s dtype, then multiplied by the gain.
+
+    Args:
+        x: (..., D) floating-point tensor, one vector per token.
+        weight: (D,) gain $\gamma$.
+        eps: $\epsilon > 0$ inside the square root (keeps a zero vector
+            finite).
+    Returns:
+        (..., D), in the dtype of ``x * weight``.
+    """
+    check_type("x", x, torch.Tensor, "a torch.Tensor")
+    d = tuple(x.shape[-1:])                                     # (D,)
+    check_shape("weight", weight, d, f"(D,) = {d}")
+    check_real("eps", eps, positive=True)
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    # x / sqrt(mean(x^2) + eps), statistic over the last axis: (..., 1)
+    inv_rms = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * inv_rms).to(x.dtype) * weight                 # (..., D)
 
 
 def make_norm(norm: str, d_model: int, *, eps: float | None = None,

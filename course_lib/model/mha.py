@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from .._util.validation import (
+    check_attention_inputs,
     check_bool,
     check_bool_mask,
     check_broadcasts,
@@ -64,7 +65,8 @@ if TYPE_CHECKING:  # annotations only: the cache is chapter 9's module
     from .kv_cache import LayerKVCache
 
 __all__ = ["mha_param_count", "MultiHeadAttention", "split_heads",
-           "merge_heads", "repeat_kv", "MASK_SHAPES", "mask_to_4d",
+           "merge_heads", "repeat_kv", "grouped_query_attention",
+           "MASK_SHAPES", "mask_to_4d",
            "query_positions"]
 
 
@@ -380,6 +382,39 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     # expand is a view (no copy); the reshape then materialises the copies.
     x = x[:, :, None, :, :].expand(B, G, n_rep, S, d_k)  # (B, G, r, S, d_k)
     return x.reshape(B, G * n_rep, S, d_k)               # (B, H, S, d_k)
+
+
+def grouped_query_attention(q: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor,
+                            mask: torch.Tensor | None = None, *,
+                            scale: float | None = None) -> torch.Tensor:
+    r"""Attention of $H$ query heads over $G$ shared key/value heads.
+
+    Query head $i$ reads K/V head $\lfloor i / r \rfloor$ with
+    $r = H / G$ (the Llama layout of :func:`repeat_kv`):
+
+    $$\mathrm{out}_i = \mathrm{softmax}\!\left(\frac{Q_i
+    K_{\lfloor i/r \rfloor}^\top}{\sqrt{d_k}} + M\right)
+    V_{\lfloor i/r \rfloor}.$$
+
+    Computed as :class:`MultiHeadAttention` does it: :func:`repeat_kv`
+    copies each K/V head to the $r$ query heads of its group, then
+    ordinary attention runs on $H$ heads (fully masked rows give zeros).
+
+    Args:
+        q: (B, H, T, d_k) queries; k: (B, G, S, d_k) keys; v: (B, G, S,
+            d_v) values; H a multiple of G.
+        mask: None, or bool broadcastable to (B, H, T, S), e.g. (T, S);
+            True where query t may read key s.
+        scale: multiplier of the scores; default $1/\sqrt{d_k}$.
+    Returns:
+        (B, H, T, d_v).
+    """
+    scale = check_attention_inputs(q, k, v, mask, scale, gqa=True)
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)      # (B, H, S, d)
+    out, _ = attend(q, k, v, mask, scale)                # (B, H, T, d_v)
+    return out
 
 
 #: The mask shapes attention accepts (True = may attend).

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from .._util.validation import check_attention_inputs, check_bool, check_int
+from .._util.validation import (check_attention_inputs, check_bool,
+                                check_int, check_type)
 
-__all__ = ["tiled_attention", "tiled_attend"]
+__all__ = ["tiled_attention", "tiled_attend", "merge_states"]
 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -116,3 +117,60 @@ def tiled_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         o = alpha * o + p @ v_t                              # (..., Lq, d_v)
         m = m_new
     return (o / l).to(dtype), m, l
+
+
+def merge_states(m1: torch.Tensor, l1: torch.Tensor, o1: torch.Tensor,
+                 m2: torch.Tensor, l2: torch.Tensor, o2: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Merge the online-softmax states of two disjoint blocks of keys.
+
+    A state $(m, \ell, o)$ of one query row over a set of keys $J$ holds
+    $m = \max_{j \in J} s_j$, $\ell = \sum_{j \in J} e^{s_j - m}$ and the
+    unnormalised output $o = \sum_{j \in J} e^{s_j - m} v_j$ (the running
+    statistics of :func:`tiled_attention`; its output is $o/\ell$). For
+    $J_1 \cap J_2 = \emptyset$ the state over $J_1 \cup J_2$ is
+
+    $$m = \max(m_1, m_2),\quad
+      \ell = e^{m_1 - m}\ell_1 + e^{m_2 - m}\ell_2,\quad
+      o = e^{m_1 - m}o_1 + e^{m_2 - m}o_2,$$
+
+    exactly, and $o/\ell$ is attention over all the keys. Every factor
+    $e^{m_b - m} \le 1$, so nothing overflows whatever the scores. A block
+    in which a row sees no key (all masked) has $m = -\infty$, $\ell = 0$,
+    $o = 0$ and contributes nothing ($e^{-\infty} = 0$); at least one of
+    the two must have seen a key. The merge is associative and
+    commutative, which is what lets split-KV decoding (FlashDecoding)
+    process the cache in parallel chunks and combine them at the end.
+
+    Args:
+        m1, l1: (..., Lq, 1) row maxima and denominators of block 1.
+        o1: (..., Lq, d_v) its unnormalised outputs.
+        m2, l2, o2: the same for block 2; leading dims broadcast.
+    Returns:
+        ``(m, l, o)``, the state over both blocks, shaped like the inputs
+        (broadcast).
+    """
+    for name, t in (("m1", m1), ("l1", l1), ("o1", o1), ("m2", m2),
+                    ("l2", l2), ("o2", o2)):
+        check_type(name, t, torch.Tensor, "a torch.Tensor")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have shape (..., Lq, "
+                             f"{'d_v' if name[0] == 'o' else 1}), got "
+                             f"{tuple(t.shape)}")
+    for name, t in (("m1", m1), ("l1", l1), ("m2", m2), ("l2", l2)):
+        if t.shape[-1] != 1:
+            raise ValueError(f"{name} must have shape (..., Lq, 1), got "
+                             f"{tuple(t.shape)}")
+    try:
+        torch.broadcast_shapes(m1.shape, l1.shape, m2.shape, l2.shape)
+        torch.broadcast_shapes(o1.shape[:-1], o2.shape[:-1], m1.shape[:-1])
+    except RuntimeError:
+        raise ValueError(f"the states must broadcast: m1 {tuple(m1.shape)}, "
+                         f"o1 {tuple(o1.shape)}, m2 {tuple(m2.shape)}, "
+                         f"o2 {tuple(o2.shape)}") from None
+    m = torch.maximum(m1, m2)                                # (..., Lq, 1)
+    if torch.isneginf(m).any():
+        raise ValueError("every row must have seen a key in one of the two "
+                         "blocks (m1 and m2 are both -inf somewhere)")
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)            # each <= 1
+    return m, a1 * l1 + a2 * l2, a1 * o1 + a2 * o2

@@ -16,7 +16,12 @@ $e_i$ (the expert's *centroid*) per expert:
   uses the unbiased $s_{i,t}$ of the chosen experts, normalised over them
   and multiplied by ``routed_scaling_factor``. Optionally the experts are
   split into groups and only the ``topk_group`` best groups may be used
-  (node-limited routing).
+  (node-limited routing). :func:`deepseek_v3_gates` is the same choice
+  written as one function of the affinities.
+- **expert choice** (Zhou et al. 2022): the other way round, each expert
+  picks the ``capacity`` tokens it scores highest
+  (:func:`expert_choice_gates`), so no expert is ever over its capacity,
+  while a token may be picked by several experts or by none.
 
 Balancing the load over the experts (the Switch auxiliary loss and
 DeepSeek-V3's bias update) is in :mod:`course_lib.model.load_balancing`.
@@ -42,7 +47,7 @@ from .._util.validation import (
 from .load_balancing import update_bias
 
 __all__ = ["Routing", "select_top_k", "TopKRouter", "group_limited_mask",
-           "DeepSeekV3Router"]
+           "deepseek_v3_gates", "DeepSeekV3Router", "expert_choice_gates"]
 
 
 @dataclass
@@ -203,6 +208,62 @@ def group_limited_mask(scores: torch.Tensor, *, n_group: int,
     return group_mask.repeat_interleave(E // n_group, dim=1)  # (N, E)
 
 
+def deepseek_v3_gates(scores: torch.Tensor, bias: torch.Tensor, k: int,
+                      n_group: int, topk_group: int,
+                      scale: float) -> torch.Tensor:
+    r"""DeepSeek-V3's gates from the affinities, as one dense matrix.
+
+    The choice uses $s_{i,t} + b_i$ among the experts of the
+    ``topk_group`` best of ``n_group`` groups (:func:`group_limited_mask`);
+    a chosen expert's gate is its *unbiased* affinity, normalised over the
+    chosen and multiplied by ``scale`` (report eqs. 13-16):
+
+    $$g_{i,t} = \rho\,\frac{s_{i,t}}{\sum_{j \in \mathcal{K}_t}
+    s_{j,t}} \ (i \in \mathcal{K}_t), \qquad 0 \text{ otherwise}.$$
+
+    This is what :class:`DeepSeekV3Router` computes from its sigmoid
+    scores (``Routing.dense_gates()``), as a function of ``scores`` and
+    ``bias`` alone.
+
+    Args:
+        scores: ``(N, E)`` affinities $s_{i,t}$ (after the sigmoid, > 0).
+        bias: ``(E,)`` choice bias $b_i$.
+        k: experts per token. n_group, topk_group: as in
+            :func:`group_limited_mask` (1, 1 = no groups).
+        scale: $\rho$, ``routed_scaling_factor`` (V3: 2.5).
+
+    Returns:
+        ``(N, E)`` gates, zero for the experts not chosen.
+    """
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2 \
+            or not scores.is_floating_point():
+        raise ValueError(f"scores must be a float tensor (N, E), got "
+                         f"{scores!r:.60}")
+    E = scores.shape[1]
+    if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (E,):
+        raise ValueError(f"bias must be a tensor of shape ({E},), got "
+                         f"{bias!r:.60}")
+    check_int("k", k, minimum=1)
+    check_real("scale", scale, positive=True)
+    check_int("n_group", n_group, minimum=1)
+    check_int("topk_group", topk_group, minimum=1)
+    if E % n_group or topk_group > n_group:
+        raise ValueError(f"n_group must divide E={E} and topk_group <= "
+                         f"n_group, got n_group={n_group}, topk_group="
+                         f"{topk_group}")
+    if k > topk_group * (E // n_group):
+        raise ValueError(f"k must be <= the experts of the kept groups "
+                         f"({topk_group * (E // n_group)}), got {k}")
+    choice = scores + bias                                   # (N, E)
+    allowed = group_limited_mask(choice, n_group=n_group,
+                                 topk_group=topk_group)      # (N, E)
+    idx = choice.masked_fill(~allowed, float("-inf")).topk(
+        k, dim=-1).indices                                   # (N, k)
+    g = scores.gather(-1, idx)                               # unbiased s
+    g = g / g.sum(-1, keepdim=True) * scale                  # (N, k)
+    return torch.zeros_like(scores).scatter(-1, idx, g)      # (N, E)
+
+
 class DeepSeekV3Router(nn.Module):
     r"""DeepSeek-V3's router: sigmoid affinities, bias-adjusted choice,
     gates from the unbiased affinities.
@@ -291,3 +352,45 @@ class DeepSeekV3Router(nn.Module):
         - c_i)$ with this batch's ``load`` (E,); see :func:`update_bias`."""
         self.e_score_correction_bias.copy_(
             update_bias(self.e_score_correction_bias, load, gamma=gamma))
+
+
+def expert_choice_gates(probs: torch.Tensor, capacity: int) -> torch.Tensor:
+    r"""Expert-choice routing (Zhou et al. 2022): every expert picks the
+    ``capacity`` tokens that score it highest.
+
+    With router probabilities $P \in \mathbb{R}^{N \times E}$ (a softmax
+    over the experts for each token), expert $i$ takes the top
+    ``capacity`` entries of its column $P_{:, i}$; the gate of a chosen
+    (token, expert) pair is the probability itself, not renormalised:
+
+    $$G_{t,i} = P_{t,i} \ \text{if } t \in \mathrm{TopK}(P_{:,i},
+    C), \qquad 0 \text{ otherwise}.$$
+
+    Every expert processes exactly $C$ tokens (none is idle, none
+    overflows), a token can be chosen by several experts or by none, and
+    the choice depends on the other tokens of the group (the leading
+    dimensions are independent groups, e.g. sequences).
+
+    Args:
+        probs: ``(..., N, E)`` router probabilities, at least 2-D.
+        capacity: tokens per expert $C$, $1 \le C \le N$.
+
+    Returns:
+        ``(..., N, E)`` gates: ``probs`` where chosen, 0 elsewhere.
+    """
+    if not isinstance(probs, torch.Tensor) or probs.dim() < 2 \
+            or not probs.is_floating_point():
+        raise ValueError(f"probs must be a float tensor (..., N, E), got "
+                         f"{probs!r:.60}")
+    N = probs.shape[-2]
+    check_int("capacity", capacity, minimum=1)
+    if capacity > N:
+        raise ValueError(f"capacity must be <= N={N} tokens, got "
+                         f"{capacity}")
+    if probs.numel() and bool(probs.isnan().any()):
+        raise ValueError("probs must not hold NaN")
+    # each column (expert) ranks the N tokens: top-C along the token axis
+    top = probs.topk(capacity, dim=-2).indices               # (..., C, E)
+    chosen = torch.zeros_like(probs, dtype=torch.bool).scatter(
+        -2, top, True)                                       # (..., N, E)
+    return torch.where(chosen, probs, torch.zeros_like(probs))

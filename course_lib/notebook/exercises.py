@@ -25,8 +25,15 @@ from .i18n import tr
 from .markdown import markdown_to_html
 from .widgets import check_key, widget_bundle
 
-__all__ = ["Feedback", "Exercise", "parse_number", "NumericExercise",
-           "ChoiceExercise"]
+__all__ = ["Feedback", "Exercise", "PURPOSES", "parse_number",
+           "NumericExercise", "ChoiceExercise"]
+
+#: What an exercise asks of the learner. ``recall``: a fact the chapter
+#: states. ``application``: the chapter's method on new numbers or code the
+#: chapter has shown. ``prediction``: the result of the experiment in the
+#: next cell, committed to before running it. ``transfer``: a case the
+#: chapter never showed, worked out from what it taught.
+PURPOSES = ("recall", "application", "prediction", "transfer")
 
 
 @dataclass(frozen=True)
@@ -53,13 +60,20 @@ class Exercise:
         prompt: the question, Markdown with ``$math$``.
         hint: a nudge that does not give the answer away.
         solution: the worked answer (Markdown, may contain code fences).
+        purpose: one of :data:`PURPOSES`. A prediction is headed
+            "Prediction." instead of "Exercise." and its feedback tells the
+            learner what the experiment measures.
     """
 
     kind = "exercise"
 
     def __init__(self, *, key: str, prompt: str, hint: str,
-                 solution: str) -> None:
+                 solution: str, purpose: str) -> None:
         self.key = check_key(key)
+        if purpose not in PURPOSES:
+            raise ValueError(f"purpose must be one of {PURPOSES}, got "
+                             f"{purpose!r}")
+        self.purpose = purpose
         for name, value in (("prompt", prompt), ("hint", hint),
                             ("solution", solution)):
             if not isinstance(value, str) or not value.strip():
@@ -126,7 +140,7 @@ class Exercise:
             self.hint_button.on_click(on_hint)
             self.solution_button.on_click(on_solution)
             self._widget = widgets.VBox([
-                widgets.HTMLMath(f"<b>{tr('Exercise.')}</b> "
+                widgets.HTMLMath(f"<b>{self._heading}</b> "
                                  f"{markdown_to_html(tr(self.prompt))}"),
                 self.input,
                 widgets.HBox([self.check_button, self.hint_button,
@@ -143,9 +157,10 @@ class Exercise:
         def md(text: str) -> str:
             return markdown_to_html(tr(text), tex_delimiters=True)
         return (
-            f'<div class="ti-exercise mathjax_process" id="{dom}">\n'
+            f'<div class="ti-exercise mathjax_process" id="{dom}" '
+            f'data-purpose="{self.purpose}">\n'
             f'<div class="ti-prompt" id="{dom}-prompt"><strong>'
-            f'{tr("Exercise.")}</strong> {md(self.prompt)}</div>\n'
+            f'{self._heading}</strong> {md(self.prompt)}</div>\n'
             f'{self._static_body()}\n'
             f'<details class="ti-hint"><summary>{tr("Hint")}</summary>'
             f'{md(self.hint)}</details>\n'
@@ -158,6 +173,11 @@ class Exercise:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.key!r})"
+
+    @property
+    def _heading(self) -> str:
+        return tr("Prediction." if self.purpose == "prediction"
+                  else "Exercise.")
 
     @property
     def _name(self) -> str:
@@ -287,6 +307,7 @@ _PLACEHOLDER = "your answer, e.g. 0.25 or 1/4"
 _TYPE_A_NUMBER = "type a number (e.g. 0.25, 2.5e-3 or 1/4)"
 _TOO_LARGE = "Not correct: {value} is too large. Try the hint."
 _TOO_SMALL = "Not correct: {value} is too small. Try the hint."
+_MEASURED = "The experiment in the next cell measures {answer}."
 
 
 # ----------------------------------------------------------------------------
@@ -305,9 +326,10 @@ class NumericExercise(Exercise):
     def __init__(self, *, key: str, prompt: str, answer: float,
                  hint: str, solution: str, rtol: float = 1e-2,
                  atol: float = 0.0,
-                 mistakes: Sequence[tuple[float, str]] = ()) -> None:
+                 mistakes: Sequence[tuple[float, str]] = (),
+                 purpose: str) -> None:
         super().__init__(key=key, prompt=prompt, hint=hint,
-                         solution=solution)
+                         solution=solution, purpose=purpose)
         self.answer = parse_number(answer)
         if rtol < 0 or atol < 0 or (rtol == 0 and atol == 0):
             raise ValueError(f"tolerances must be >= 0 and not both 0, got "
@@ -328,13 +350,23 @@ class NumericExercise(Exercise):
                                       error=exc))
         if self._close(value, self.answer):
             return Feedback(True, tr("Correct: {value}.",
-                                     value=_exact(value)))
+                                     value=_exact(value)) + self._measured)
         for target, message in self.mistakes:
             if self._close(value, target):
                 return Feedback(False, tr("Not quite. {message}",
-                                          message=tr(message)))
+                                          message=tr(message))
+                                + self._measured)
         return Feedback(False, tr(_TOO_LARGE if value > self.answer
-                                  else _TOO_SMALL, value=_exact(value)))
+                                  else _TOO_SMALL, value=_exact(value))
+                        + self._measured)
+
+    @property
+    def _measured(self) -> str:
+        """For a prediction, what the experiment measures (after a check,
+        the learner may see it: the next cell shows it anyway)."""
+        if self.purpose != "prediction":
+            return ""
+        return " " + tr(_MEASURED, answer=f"{self.answer:.4g}")
 
     def _make_input(self) -> Any:
         import ipywidgets as widgets
@@ -355,6 +387,7 @@ class NumericExercise(Exercise):
              "large": tr(_TOO_LARGE), "small": tr(_TOO_SMALL)}
         data = json.dumps({"answer": self.answer, "rtol": self.rtol,
                            "atol": self.atol, "t": t,
+                           "measured": self._measured,
                            "mistakes": [[v, _inline_html(m)]
                                         for v, m in self.mistakes]},
                           ensure_ascii=False)
@@ -392,10 +425,12 @@ placeholder="{html.escape(tr(_PLACEHOLDER))}" enterkeyhint="done">
     var v = parse(input.value);
     if (v === null) return show(out, false, "\\u2717 " + d.t.unusable);
     if (close(v, d.answer))
-      return show(out, true, "\\u2713 " + fill(d.t.correct, "value", exact(v)));
+      return show(out, true, "\\u2713 " + fill(d.t.correct, "value", exact(v))
+                  + d.measured);
     var hit = d.mistakes.filter(function (m) {{ return close(v, m[0]); }})[0];
     show(out, false, "\\u2717 " + (hit ? fill(d.t.quite, "message", hit[1])
-         : fill(d.t[v > d.answer ? "large" : "small"], "value", exact(v))));
+         : fill(d.t[v > d.answer ? "large" : "small"], "value", exact(v)))
+         + d.measured);
   }}
   root.querySelector(".ti-check").addEventListener("click", check);
   input.addEventListener("keydown", function (e) {{
@@ -419,9 +454,10 @@ class ChoiceExercise(Exercise):
 
     def __init__(self, *, key: str, prompt: str, options: Sequence[str],
                  answer: int, hint: str, solution: str,
-                 explanations: Sequence[str] | None = None) -> None:
+                 explanations: Sequence[str] | None = None,
+                 purpose: str) -> None:
         super().__init__(key=key, prompt=prompt, hint=hint,
-                         solution=solution)
+                         solution=solution, purpose=purpose)
         options = [str(o) for o in options]
         if len(options) < 2 or len(set(options)) != len(options):
             raise ValueError(f"options must be >= 2 distinct strings, "

@@ -200,9 +200,10 @@ class FunctionExercise(Exercise):
                  starter_code: str, reference: Callable[..., Any],
                  cases: Sequence[tuple[tuple, dict]], hint: str,
                  solution: str, rtol: float = 1e-5,
-                 atol: float = 1e-6, time_limit: float = 5.0) -> None:
+                 atol: float = 1e-6, time_limit: float = 5.0,
+                 purpose: str) -> None:
         super().__init__(key=key, prompt=prompt, hint=hint,
-                         solution=solution)
+                         solution=solution, purpose=purpose)
         if not func_name.isidentifier():
             raise ValueError(f"func_name must be an identifier, got "
                              f"{func_name!r}")

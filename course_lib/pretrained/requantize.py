@@ -1,4 +1,5 @@
-r"""Round-to-nearest 4-bit block quantization (llama.cpp's Q4_0) in torch.
+r"""Round-to-nearest 4-bit block quantization (llama.cpp's Q4_0 and Q4_1)
+in torch.
 
 Q4_0 cuts a row into blocks of 32 weights and stores each block as one
 fp16 scale $d$ and 32 signed 4-bit integers $q_j \in \{-8, \dots, 7\}$,
@@ -10,7 +11,10 @@ there is no per-block minimum: the 16 levels are symmetric around 0.
 
 :func:`q4_0_roundtrip` quantizes and dequantizes in one step, bit for bit
 as ``gguf.quants`` does it (the scale is rounded to fp16 for the
-dequantization, as in the file). :func:`requantized` applies it to every
+dequantization, as in the file). :func:`q4_1_roundtrip` does the same for
+Q4_1, the format of SmolLM2's file: $m$ the block's minimum,
+$d = (\max - m)/15$, $q_j = \lfloor (w_j - m)/d + 1/2 \rfloor$ in
+$[0, 15]$, and $w_j \approx d\,q_j + m$ with $d$ and $m$ stored in fp16. :func:`requantized` applies it to every
 linear layer of a model's blocks for the duration of a ``with`` block,
 which measures what one more 4-bit quantization step costs.
 
@@ -27,7 +31,7 @@ from torch import nn
 from .._util.validation import check_callable, check_type
 from ..model.decoder_lm import DecoderLM
 
-__all__ = ["QK4_0", "q4_0_roundtrip", "requantized"]
+__all__ = ["QK4_0", "q4_0_roundtrip", "q4_1_roundtrip", "requantized"]
 
 QK4_0 = 32          # weights per Q4_0 block
 
@@ -65,6 +69,41 @@ def q4_0_roundtrip(weight: torch.Tensor) -> torch.Tensor:
     q = (blocks * inv).add_(8.5).floor_().clamp_(max=15).sub_(8)  # (n, 32)
     d16 = d.to(torch.float16).float()                         # stored scale
     return q.mul_(d16).reshape(weight.shape)                  # (..., C)
+
+
+def q4_1_roundtrip(weight: torch.Tensor) -> torch.Tensor:
+    r"""``weight`` quantized to Q4_1 and dequantized again.
+
+    Each block of 32 consecutive weights along the last axis gets its
+    minimum $m$ and the scale $d = (\max_j w_j - m)/15$; each weight is
+    rounded to the nearest of the 16 levels $m + d\,q$,
+    $q_j = \lfloor (w_j - m)/d + 1/2 \rfloor$ clipped to $[0, 15]$ (all
+    $q_j = 0$ when $d = 0$), computed in float32 as ``gguf.quants`` does.
+    The file stores $d$ and $m$ as fp16, so the decoded weight is
+    $\hat w_j = \mathrm{fp16}(d)\,q_j + \mathrm{fp16}(m)$, bit for bit
+    what ``gguf.quants`` quantizes and dequantizes.
+
+    Args:
+        weight: ``(..., C)`` floating tensor, ``C`` a multiple of 32.
+
+    Returns:
+        ``(..., C)`` float32: the value each weight's Q4_1 block decodes
+        to.
+    """
+    check_type("weight", weight, torch.Tensor, "a torch.Tensor")
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must be a floating tensor, got "
+                        f"{weight.dtype}")
+    if weight.dim() == 0 or weight.shape[-1] % QK4_0:
+        raise ValueError(f"weight's last dimension must be a multiple of "
+                         f"{QK4_0}, got shape {tuple(weight.shape)}")
+    blocks = weight.detach().float().reshape(-1, QK4_0)      # (n, 32)
+    lo = blocks.amin(-1, keepdim=True)                        # (n, 1) m
+    d = (blocks.amax(-1, keepdim=True) - lo) / 15             # (n, 1)
+    inv = torch.where(d == 0, 0.0, 1 / d)                     # (n, 1)
+    q = ((blocks - lo) * inv + 0.5).floor_().clamp_(0, 15)    # (n, 32)
+    d16, m16 = d.half().float(), lo.half().float()            # stored
+    return (d16 * q + m16).reshape(weight.shape)              # (..., C)
 
 
 @contextmanager

@@ -60,6 +60,8 @@ class ModelConfig:
     rope_scaling: dict | None = None      # YaRN keys of config.json or None
     norm: str = "rms"                     # "layer" (w + b) or "rms" (w)
     attention_bias: bool = False          # biases on q/k/v/o projections
+    qk_norm: str | None = None            # RMSNorm on queries and keys:
+    #   "head" one of d_h each (Qwen3), "full" over H d_h and G d_h (OLMoE)
     mlp_bias: bool = False                # biases in the dense MLP
     # ---- multi-head latent attention (None = ordinary attention)
     q_lora_rank: int | None = None        # None = full-rank query
@@ -91,6 +93,7 @@ class ModelConfig:
         check_int("intermediate_size", self.intermediate_size, minimum=0)
         for name, options in (("position", ("learned", "rope")),
                               ("norm", ("layer", "rms")),
+                              ("qk_norm", (None, "head", "full")),
                               ("scoring_func", ("softmax", "sigmoid"))):
             if getattr(self, name) not in options:
                 raise ValueError(f"{name} must be one of {options}, got "

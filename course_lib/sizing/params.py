@@ -32,6 +32,7 @@ Config attributes are read as in :mod:`course_lib.sizing.configs`
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from numbers import Real
 
@@ -47,7 +48,7 @@ __all__ = ["BYTES_PER_PARAM", "embedding_params", "mla_attention_params",
            "attention_params", "dense_ffn_params", "expert_params",
            "moe_layer_params", "norm_params", "lm_head_params", "mtp_params",
            "num_parameters", "ParamCount", "count_parameters",
-           "weights_bytes"]
+           "total_and_active", "weights_bytes"]
 
 # Storage per parameter; fp8 is DeepSeek-V3's and Kimi K2's release format.
 BYTES_PER_PARAM = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int4": 0.5}
@@ -139,12 +140,22 @@ def moe_layer_params(config: ModelConfig) -> dict[str, int]:
 
 def norm_params(config: ModelConfig) -> int:
     r"""All block norms: $(2N + 1)$ norms of $D$ (RMSNorm) or $2D$
-    (LayerNorm, weight and bias). MLA's two latent norms are counted in
-    :func:`mla_attention_params`.
+    (LayerNorm, weight and bias), plus the QK-norms of ``qk_norm``: per
+    layer $2 d_h$ (``"head"``: one RMSNorm of $d_h$ shared by the query
+    heads, one by the key heads, as in Qwen3) or $H d_h + G d_h$
+    (``"full"``: over the whole projections, as in OLMoE). MLA's two
+    latent norms are counted in :func:`mla_attention_params`.
     """
     c = check_model_config(config)
     per = c.hidden_size * (2 if c.norm == "layer" else 1)
-    return (2 * c.num_hidden_layers + 1) * per
+    n = (2 * c.num_hidden_layers + 1) * per
+    if c.qk_norm is not None:
+        d_h = c.attention_head_dim
+        G = c.num_key_value_heads or c.num_attention_heads
+        per_layer = 2 * d_h if c.qk_norm == "head" else \
+            (c.num_attention_heads + G) * d_h
+        n += c.num_hidden_layers * per_layer
+    return n
 
 
 def lm_head_params(config: ModelConfig) -> int:
@@ -268,6 +279,30 @@ def count_parameters(config: ModelConfig) -> ParamCount:
     active = total - unused
     return ParamCount(**parts, total=total, active=active,
                       active_non_embedding=active - parts["embedding"])
+
+
+def total_and_active(config) -> tuple[int, int]:
+    r"""``(total, active)`` parameters of a model, from a
+    :class:`~course_lib.sizing.configs.ModelConfig` or a mapping of its
+    fields (Hugging Face names, as in a ``config.json``; ``name`` may be
+    left out).
+
+    ``active`` counts everything one token uses, the input embedding table
+    included (the convention of Mistral AI, Qwen and OLMoE; see the module
+    docstring): $N_\text{total} - N_\text{MoE}\,(E - k)\,3DI_e$.
+    :func:`count_parameters` gives the breakdown and the count without
+    the embedding.
+    """
+    if isinstance(config, Mapping):
+        fields = dict(config)
+        fields.setdefault("name", "config")
+        try:
+            config = ModelConfig(**fields)
+        except TypeError as exc:       # a field ModelConfig does not have
+            raise ValueError(f"config has a field ModelConfig does not "
+                             f"know: {exc}") from None
+    n = count_parameters(config)
+    return n.total, n.active
 
 
 def weights_bytes(config: ModelConfig, *, bytes_per_param: float,

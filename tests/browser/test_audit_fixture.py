@@ -71,17 +71,23 @@ def fixture_site(tmp_path_factory):
     (root / "ok.png").write_bytes(PNG)
     explorer = Explorer(key="fx-line", title="Line", draw=_draw,
                         controls={"a": [1, 2, 3]}, figsize=(2, 1.5))
-    numeric = NumericExercise(key="fx-num", prompt="Half of one?",
+    numeric = NumericExercise(key="fx-num", purpose="application",
+                              prompt="Half of one?",
                               answer=0.5, hint="Divide.", solution="0.5",
                               mistakes=[(2, "That is one over a half.")])
-    choice = ChoiceExercise(key="fx-choice", prompt="Pick b.",
+    prediction = NumericExercise(key="fx-pred", purpose="prediction",
+                                 prompt="Predict the mean.", answer=3.25,
+                                 rtol=0.1, hint="h", solution="s",
+                                 mistakes=[(1, "That is the first value.")])
+    choice = ChoiceExercise(key="fx-choice", purpose="application",
+                            prompt="Pick b.",
                             options=["a", "b"], answer=1, hint="b",
                             solution="b", explanations=["No.", "Yes."])
     clean = ('<h1 id="top">Clean</h1><p><a href="#top">top</a></p>'
              '<figure><img src="ok.png" alt=""><figcaption>A dot.'
              '</figcaption></figure><img src="ok.png" alt="A dot">'
              + explorer.static_html() + numeric.static_html()
-             + choice.static_html())
+             + prediction.static_html() + choice.static_html())
     (root / "clean.html").write_text(page_html(clean))
     for name, (body, _) in DEFECTS.items():
         (root / f"{name}.html").write_text(page_html(body))
@@ -120,6 +126,16 @@ def test_static_exercises_check_answers_in_the_browser(fixture_site, page):
         assert expected in feedback.text_content(), (answer[:20],
                                                      feedback.text_content())
         assert time.perf_counter() - start < 2
+    pred = page.locator("#ti-ex-fx-pred")
+    assert pred.locator(".ti-prompt strong").text_content() == "Prediction."
+    measured = "The experiment in the next cell measures 3.25."
+    for answer, expected in [("3", "Correct: 3."), ("1", "first value"),
+                             ("5", "too large"), ("x", "type a number")]:
+        pred.locator(".ti-answer").fill(answer)
+        pred.locator(".ti-check").click()
+        text = pred.locator(".ti-feedback").text_content()
+        assert expected in text and (measured in text) == (answer != "x"), (
+            answer, text)
     ch = page.locator("#ti-ex-fx-choice")
     ch.locator(".ti-check").click()
     assert "Pick an option" in ch.locator(".ti-feedback").text_content()
