@@ -142,5 +142,11 @@ CHAPTERS: dict[int, dict[str, str]] = {
          "distributed.expert_parallel": "MoE experts spread over ranks",
          "distributed.node_routing": "traffic across node boundaries",
          "distributed.scaling_experiments": "the chapter's experiments as "
-                                            "spawnable workers"},
+                                            "spawnable workers",
+         "distributed.comm_model": "a collective's time: alpha-beta fit "
+                                   "and the bytes on the wire",
+         "distributed.overlap": "an all-to-all hidden behind expert "
+                                "compute: two micro-batches",
+         "distributed.torchrun_check": "the parallel layers checked under "
+                                       "torchrun: env://, gloo or NCCL"},
 }

@@ -15,6 +15,12 @@ gradient is a non-trivial number.
 Each check returns maximum absolute differences (floats) by name, and
 the expert-parallel check also the exchange counters.
 
+The parallel layers run under ``torch.device("meta")`` (:func:`_strict`):
+a tensor they create without ``device=`` lands on the meta device and
+the step fails or its result differs, as it would on a GPU, where such a
+tensor lands on the CPU. This machine has no GPU; the meta device is how
+it catches the mistake.
+
 Shape letters: B batch, T length, D = ``d_model``, N tokens of a rank,
 W ranks.
 """
@@ -54,6 +60,11 @@ def _diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0
 
 
+def _strict():
+    """Tensors created without ``device=`` go to the meta device."""
+    return torch.device("meta")
+
+
 def _rows(t: torch.Tensor | None, rank: int, W: int, dim: int):
     if t is None:
         return None
@@ -69,8 +80,10 @@ def _tp_case(rank: int, W: int, full, make_tp, x: torch.Tensor,
     tp = make_tp(full)
     c = torch.randn(x.shape, generator=torch.Generator().manual_seed(7))
     x_tp, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out_tp, out_ref = tp(x_tp, **call), full(x_ref, **call)
-    (out_tp * c).sum().backward()
+    with _strict():
+        out_tp = tp(x_tp, **call)
+        (out_tp * c).sum().backward()
+    out_ref = full(x_ref, **call)
     (out_ref * c).sum().backward()
     res = {f"{prefix}_out": _diff(out_tp, out_ref),
            f"{prefix}_grad_x": _diff(x_tp.grad, x_ref.grad)}
@@ -98,11 +111,12 @@ def _check_linears(rank: int, W: int, group, x: torch.Tensor) -> dict:
     col = ColumnParallelLinear(full, group=group)
     row = RowParallelLinear(full, group=group)
     x_col, x_row, x_ref = (x.clone().requires_grad_() for _ in range(3))
-    y_col = col(x_col)                                       # (..., 16/W)
-    (y_col * _rows(c, rank, W, -1)).sum().backward()
-    x_part = _rows(x_row, rank, W, -1)                       # (..., D/W)
-    y_row = row(x_part)                                      # (..., 16)
-    (y_row * c).sum().backward()
+    with _strict():
+        y_col = col(x_col)                                   # (..., 16/W)
+        (y_col * _rows(c, rank, W, -1)).sum().backward()
+        x_part = _rows(x_row, rank, W, -1)                   # (..., D/W)
+        y_row = row(x_part)                                  # (..., 16)
+        (y_row * c).sum().backward()
     y_ref = full(x_ref)
     (y_ref * c).sum().backward()
     return {"linear_out": max(_diff(y_col, _rows(y_ref, rank, W, -1)),
@@ -204,9 +218,10 @@ def check_expert_parallel(rank: int, world_size: int, seed: int = 0,
         # the parameters need one (a frozen embedding, say)
         frozen = router == "skewed"
         x = xs[rank].clone().requires_grad_(not frozen)
-        y = ep(x)
-        info = ep.last_info
-        (y * cs[rank]).sum().backward()
+        with _strict():
+            y = ep(x)
+            info = ep.last_info
+            (y * cs[rank]).sum().backward()
         X = torch.cat(xs).requires_grad_(not frozen)
         Y = ref_all(X)
         (Y * torch.cat(cs)).sum().backward()

@@ -329,7 +329,7 @@ class ExpertParallelMoE(nn.Module):
         t2 = time.perf_counter()                             # (S, D)
         # 4) run each local expert once: regroup the received slots (in
         #    source-rank order) by local expert
-        local = torch.arange(E_r).repeat(W)                  # (W E_r,)
+        local = torch.arange(E_r, device=x.device).repeat(W)  # (W E_r,)
         recv_expert = local.repeat_interleave(recv_counts.reshape(-1))
         by_expert = torch.argsort(recv_expert, stable=True)  # (S,)
         chunks = recv[by_expert].split(recv_counts.sum(0).tolist())

@@ -79,9 +79,11 @@ def tensor_parallel_run(rank: int, world_size: int, size: int, *,
                         d_model: int = 64, d_ff: int = 256,
                         n_heads: int = 8, n_kv_heads: int = 4,
                         batch: int = 2, length: int = 16,
-                        seed: int = 0) -> dict | None:
+                        seed: int = 0, device: str | torch.device = "cpu"
+                        ) -> dict | None:
     r"""A SwiGLU FFN and a GQA attention block (RoPE, causal mask) split
-    over ``size`` ranks, against the single-process modules.
+    over ``size`` ranks, against the single-process modules, on
+    ``device`` (this rank's GPU under NCCL, the CPU under gloo).
 
     Returns (on ranks < size) max differences of the outputs and of the
     input gradients (loss $\sum Y \odot C$), the all-reduces made in
@@ -92,13 +94,17 @@ def tensor_parallel_run(rank: int, world_size: int, size: int, *,
     group, member = _group(rank, world_size, size)
     if not member:
         return None
+    device = torch.device(device)
     torch.manual_seed(seed)
-    ffn = SwiGLU(d_model, d_ff)
+    # built on the CPU from the seed (the same numbers on every rank and
+    # device), then moved
+    ffn = SwiGLU(d_model, d_ff).to(device)
     mha = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv_heads,
-                             rope=RotaryEmbedding(d_model // n_heads))
-    x = torch.randn(batch, length, d_model)                  # (B, T, D)
-    c = torch.randn(batch, length, d_model)
-    mask = causal_mask(length)
+                             rope=RotaryEmbedding(d_model // n_heads)
+                             ).to(device)
+    x = torch.randn(batch, length, d_model).to(device)       # (B, T, D)
+    c = torch.randn(batch, length, d_model).to(device)
+    mask = causal_mask(length, device=device)
     out: dict = {"n_tokens": batch * length}
     for name, full, tp, extra in (
             ("ffn", ffn, TensorParallelSwiGLU(ffn, group), ()),
@@ -120,9 +126,10 @@ def tensor_parallel_run(rank: int, world_size: int, size: int, *,
     return out
 
 
-def _inputs(size: int, n_tokens: int, d_model: int, seed: int):
+def _inputs(size: int, n_tokens: int, d_model: int, seed: int,
+            device: torch.device | str = "cpu"):
     gen = torch.Generator().manual_seed(seed + 1)
-    return [torch.randn(n_tokens, d_model, generator=gen)
+    return [torch.randn(n_tokens, d_model, generator=gen).to(device)
             for _ in range(size)]                            # W x (N, D)
 
 
@@ -130,11 +137,12 @@ def expert_parallel_run(rank: int, world_size: int, size: int, *,
                         n_tokens: int = 64, d_model: int = 32,
                         n_experts: int = 8, top_k: int = 2,
                         d_expert: int = 32, repeats: int = 1,
-                        seed: int = 0) -> dict | None:
+                        seed: int = 0, device: str | torch.device = "cpu"
+                        ) -> dict | None:
     r"""An MoE layer (softmax top-k router, one shared expert) run with
     :class:`~course_lib.distributed.expert_parallel.ExpertParallelMoE` on ``size``
     ranks of ``n_tokens`` tokens each, against the single-process MoE on
-    all tokens.
+    all tokens, on ``device``.
 
     Returns ``{"max_diff": float, "stats": [ExpertParallelStats of each
     of the repeats], "n_tokens": N}`` on ranks < size.
@@ -145,9 +153,9 @@ def expert_parallel_run(rank: int, world_size: int, size: int, *,
     check_int("repeats", repeats, minimum=1)
     torch.manual_seed(seed)
     moe = MoE(d_model, n_experts=n_experts, top_k=top_k, d_expert=d_expert,
-              n_shared_experts=1)
+              n_shared_experts=1).to(device)
     ep = ExpertParallelMoE(moe, group)
-    xs = _inputs(size, n_tokens, d_model, seed)
+    xs = _inputs(size, n_tokens, d_model, seed, device)
     stats = []
     with torch.no_grad():
         for _ in range(repeats):

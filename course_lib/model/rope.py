@@ -123,10 +123,12 @@ class RotaryEmbedding(nn.Module):
                           interleave=self.interleave)
 
 
-def _theta(d: int, base: float) -> torch.Tensor:
-    """theta_i = base^(-2i/D), float64 (P,): the sinusoidal table's
-    frequencies (:func:`course_lib.model.sinusoidal.frequencies`)."""
-    two_i = torch.arange(0, d, 2, dtype=torch.float64)         # (P,)
+def _theta(d: int, base: float, device: torch.device | str = "cpu"
+           ) -> torch.Tensor:
+    """theta_i = base^(-2i/D), float64 (P,) on ``device``: the sinusoidal
+    table's frequencies (:func:`course_lib.model.sinusoidal.frequencies`)."""
+    two_i = torch.arange(0, d, 2, dtype=torch.float64,
+                         device=device)                        # (P,)
     return base ** (-two_i / d)                                # (P,)
 
 
@@ -157,16 +159,19 @@ def rope_cos_sin(positions: torch.Tensor, d: int, *, base: float = 10000.0,
             key = (d, float(base), dtype, positions.device)
             table = _TABLES.get(key)
             if table is None or table[0].shape[0] <= hi:
-                theta = _theta(d, base)                        # (P,)
+                # built on the CPU (float64 is slow on many GPUs),
+                # then moved
+                theta = _theta(d, base, "cpu")                 # (P,)
                 L = max(1024, 1 << int(hi).bit_length())       # rows
-                pos = torch.arange(L, dtype=torch.float64)     # (L,)
+                pos = torch.arange(L, dtype=torch.float64,
+                                   device="cpu")               # (L,)
                 angle = (pos[:, None] * theta).to(positions.device)
                 if len(_TABLES) > 16:
                     _TABLES.clear()
                 table = _TABLES[key] = (torch.cos(angle).to(dtype),
                                         torch.sin(angle).to(dtype))
             return table[0][positions], table[1][positions]  # (..., P)
-    theta = _theta(d, base)                                    # (P,)
+    theta = _theta(d, base, positions.device)                  # (P,)
     # Angles m * theta_i in float64, then cast.
     angle = positions.to(torch.float64)[..., None] * theta     # (..., P)
     return torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
