@@ -3,6 +3,7 @@ builds an exercise (tests that run a chapter's exercise outside Jupyter),
 and every text of the book with where it is (prose checks)."""
 import json
 import pathlib
+import re
 
 BOOK = pathlib.Path(__file__).resolve().parent.parent / "book"
 
@@ -13,6 +14,20 @@ def exercise_cell(notebook: str, key: str) -> str:
     found = [c for c in cells if f'key="{key}"' in "".join(c["source"])]
     assert len(found) == 1, f"{notebook}: no single cell with {key!r}"
     return "".join(found[0]["source"])
+
+
+def run_exercise_cell(source: str, namespace: dict) -> None:
+    """Execute an exercise cell's ``source`` in ``namespace``, with the
+    exercise it builds bound to ``namespace["EXERCISE"]``."""
+    bound, n = re.subn(r"^(\w*Exercise)\(", r"EXERCISE = \1(", source,
+                       count=1, flags=re.M)
+    assert n == 1, "the cell builds no exercise"
+    exec(bound, namespace)
+
+
+def model_solution(exercise) -> str:
+    """The first ```python block of an exercise's worked solution."""
+    return exercise.solution.split("```python\n")[1].split("```")[0]
 
 
 def book_texts(cell_type: str | None = None):

@@ -10,7 +10,7 @@ from course_lib.experiments import rnn
 from course_lib.notebook.function_exercise import (DiagnosedFunctionExercise,
                                                    FunctionExercise)
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 NOTEBOOK = "ch01_rnn_limits.ipynb"
 
@@ -27,10 +27,9 @@ def _exercise(key, constructor):
     ns = {"torch": torch, "rnn": rnn, "FunctionExercise": FunctionExercise,
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
     source = exercise_cell(NOTEBOOK, key)
-    exec(source.replace(f"{constructor}(\n", f"EXERCISE = {constructor}(\n",
-                        1), ns)
+    run_exercise_cell(source, ns)
     exercise = ns["EXERCISE"]
-    solution = exercise.solution.split("```python\n")[1].split("```")[0]
+    solution = model_solution(exercise)
     return exercise, solution
 
 

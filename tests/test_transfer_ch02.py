@@ -8,7 +8,7 @@ import torch
 from course_lib.model import alibi
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 
 def _function(source, name="alibi_bias"):
@@ -22,10 +22,9 @@ def exercise():
     ns = {"torch": torch, "alibi": alibi,
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
     source = exercise_cell("ch02_positional_encoding.ipynb", "ch02-alibi-bias")
-    exec(source.replace("DiagnosedFunctionExercise(\n",
-                        "EXERCISE = DiagnosedFunctionExercise(\n", 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
-    return ex, ex.solution.split("```python\n")[1].split("```")[0]
+    return ex, model_solution(ex)
 
 
 def test_is_a_transfer_with_the_library_reference(exercise):

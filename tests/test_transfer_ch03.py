@@ -10,7 +10,7 @@ import torch
 from course_lib.model import online_softmax
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 
 def _function(source, name="merge_states"):
@@ -25,10 +25,9 @@ def exercise():
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
     source = exercise_cell("ch03_scaled_dot_product_attention.ipynb",
                            "ch03-merge-states")
-    exec(source.replace("DiagnosedFunctionExercise(\n",
-                        "EXERCISE = DiagnosedFunctionExercise(\n", 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
-    return ex, ex.solution.split("```python\n")[1].split("```")[0], ns
+    return ex, model_solution(ex), ns
 
 
 def test_is_a_transfer_with_the_library_reference(exercise):

@@ -6,7 +6,7 @@ import torch
 from course_lib.model import masks
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 MARKER = "DiagnosedFunctionExercise(\n"
 
@@ -17,9 +17,9 @@ def window_exercise():
     assert source.count(MARKER) == 1
     ns = {"torch": torch, "masks": masks,
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
-    exec(source.replace(MARKER, "EXERCISE = " + MARKER, 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
-    solution = ex.solution.split("```python\n")[1].split("```")[0]
+    solution = model_solution(ex)
     return ex, solution
 
 

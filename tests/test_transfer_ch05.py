@@ -10,7 +10,7 @@ from course_lib.model.masks import causal_mask
 from course_lib.model.mha import MultiHeadAttention, grouped_query_attention
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 MARKER = "DiagnosedFunctionExercise(\n"
 
@@ -23,9 +23,9 @@ def gqa_exercise():
     ns = {"torch": torch, "math": math, "causal_mask": causal_mask,
           "grouped_query_attention": grouped_query_attention,
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
-    exec(source.replace(MARKER, "EXERCISE = " + MARKER, 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
-    solution = ex.solution.split("```python\n")[1].split("```")[0]
+    solution = model_solution(ex)
     return ex, solution
 
 

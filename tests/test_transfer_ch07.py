@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from course_lib import training
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 MARKER = "DiagnosedFunctionExercise(\n"
 
@@ -22,9 +22,9 @@ def smoothed():
     assert source.count(MARKER) == 1
     ns = {"torch": torch, "F": F, "math": math, "training": training,
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
-    exec(source.replace(MARKER, "EXERCISE = " + MARKER, 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
-    solution = ex.solution.split("```python\n")[1].split("```")[0]
+    solution = model_solution(ex)
     return ex, solution
 
 

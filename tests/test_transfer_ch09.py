@@ -10,7 +10,7 @@ from course_lib.model import rolling_kv_cache
 from course_lib.model.kv_cache import LayerKVCache
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 MARKER = "DiagnosedFunctionExercise(\n"
 
@@ -21,9 +21,9 @@ def ring():
     assert source.count(MARKER) == 1
     ns = {"torch": torch, "rolling_kv_cache": rolling_kv_cache,
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
-    exec(source.replace(MARKER, "EXERCISE = " + MARKER, 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
-    solution = ex.solution.split("```python\n")[1].split("```")[0]
+    solution = model_solution(ex)
     return ex, solution
 
 

@@ -11,7 +11,7 @@ from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 from course_lib.pretrained.fp8_blocks import (dequantize_fp8_blocks,
                                               quantize_fp8_blocks)
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +22,14 @@ def exercise():
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
     source = exercise_cell("ch10_mla.ipynb", "ch10-fp8-dequant")
     assert "\ndef dequantize_fp8_blocks" not in source
-    exec(source.replace("DiagnosedFunctionExercise(\n",
-                        "EXERCISE = DiagnosedFunctionExercise(\n", 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
     assert ex.reference is dequantize_fp8_blocks and ex.purpose == "transfer"
     return ex
 
 
 def solution(ex):
-    return ex.solution.split("```python\n")[1].split("```")[0]
+    return model_solution(ex)
 
 
 def test_cases_cover_partial_blocks_and_fp8(exercise):

@@ -7,7 +7,7 @@ import torch
 from course_lib.model.routing import expert_choice_gates
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 
 @pytest.fixture(scope="module")
@@ -16,15 +16,14 @@ def exercise():
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
     source = exercise_cell("ch11_moe.ipynb", "ch11-expert-choice")
     assert "\ndef expert_choice_gates" not in source
-    exec(source.replace("DiagnosedFunctionExercise(\n",
-                        "EXERCISE = DiagnosedFunctionExercise(\n", 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
     assert ex.reference is expert_choice_gates and ex.purpose == "transfer"
     return ex
 
 
 def solution(ex):
-    return ex.solution.split("```python\n")[1].split("```")[0]
+    return model_solution(ex)
 
 
 def test_solution_passes(exercise):

@@ -9,7 +9,7 @@ from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 from course_lib.sizing import params
 from course_lib.sizing.configs import MIXTRAL_8X7B
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +18,7 @@ def namespace():
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
     source = exercise_cell("ch12_parameter_counting.ipynb",
                            "ch12-active-params")
-    exec(source.replace("DiagnosedFunctionExercise(\n",
-                        "EXERCISE = DiagnosedFunctionExercise(\n", 1), ns)
+    run_exercise_cell(source, ns)
     ex = ns["EXERCISE"]
     assert ex.reference is params.total_and_active
     assert ex.purpose == "transfer"
@@ -27,7 +26,7 @@ def namespace():
 
 
 def solution(ex):
-    return ex.solution.split("```python\n")[1].split("```")[0]
+    return model_solution(ex)
 
 
 def test_solution_passes(namespace):

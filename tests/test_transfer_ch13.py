@@ -17,7 +17,7 @@ from course_lib.pretrained import requantize
 from course_lib.pretrained.gguf_file import dequantize_q4_1_block
 from course_lib.pretrained.requantize import q4_0_roundtrip
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 
 def _function(source):
@@ -34,10 +34,9 @@ def q41_exercise():
           "q4_0_roundtrip": q4_0_roundtrip,
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
     source = exercise_cell("ch13_real_model.ipynb", "ch13-q4-1-quantize")
-    exec(source.replace("DiagnosedFunctionExercise(\n",
-                        "EXERCISE = DiagnosedFunctionExercise(\n", 1), ns)
+    run_exercise_cell(source, ns)
     exercise = ns["EXERCISE"]
-    solution = exercise.solution.split("```python\n")[1].split("```")[0]
+    solution = model_solution(exercise)
     return exercise, solution
 
 

@@ -14,7 +14,7 @@ from course_lib.distributed import expert_parallel
 from course_lib.distributed.expert_parallel import ExpertParallelStats
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, run_exercise_cell, model_solution
 
 
 def _function(source):
@@ -30,10 +30,9 @@ def ep_exercise():
     ns = {"torch": torch, "expert_parallel": expert_parallel,
           "DiagnosedFunctionExercise": DiagnosedFunctionExercise}
     source = exercise_cell("ch14_scaling_out.ipynb", "ch14-ep-bytes")
-    exec(source.replace("DiagnosedFunctionExercise(\n",
-                        "EXERCISE = DiagnosedFunctionExercise(\n", 1), ns)
+    run_exercise_cell(source, ns)
     exercise = ns["EXERCISE"]
-    solution = exercise.solution.split("```python\n")[1].split("```")[0]
+    solution = model_solution(exercise)
     return exercise, solution
 
 
