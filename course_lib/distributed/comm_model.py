@@ -42,7 +42,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .._util.validation import check_int, check_real
+from .._util.validation import check_int, check_real, check_type
 
 __all__ = ["AlphaBeta", "fit_alpha_beta", "ring_all_reduce_seconds",
            "all_to_all_seconds", "loopback_bytes", "collective_cost_run"]
@@ -106,9 +106,7 @@ def ring_all_reduce_seconds(n_bytes: float, world_size: int,
     check_real("n_bytes", n_bytes, minimum=0)
     check_int("world_size", world_size, minimum=1)
     W = world_size
-    if not isinstance(link, AlphaBeta):
-        raise TypeError(f"link must be an AlphaBeta, got "
-                        f"{type(link).__name__}")
+    check_type("link", link, AlphaBeta, "an AlphaBeta")
     return link.seconds(2 * (W - 1) / W * n_bytes, messages=2 * (W - 1))
 
 
@@ -120,9 +118,7 @@ def all_to_all_seconds(bytes_sent: float, world_size: int,
     check_real("bytes_sent", bytes_sent, minimum=0)
     check_int("world_size", world_size, minimum=1)
     W = world_size
-    if not isinstance(link, AlphaBeta):
-        raise TypeError(f"link must be an AlphaBeta, got "
-                        f"{type(link).__name__}")
+    check_type("link", link, AlphaBeta, "an AlphaBeta")
     return link.seconds(bytes_sent, messages=W - 1)
 
 

@@ -36,6 +36,19 @@ __all__ = ["QK4_0", "q4_0_roundtrip", "q4_1_roundtrip", "requantized"]
 QK4_0 = 32          # weights per Q4_0 block
 
 
+def _blocks(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (..., C), checked, as float32 blocks of 32: (n, 32)."""
+    check_type("weight", weight, torch.Tensor, "a torch.Tensor")
+    if not weight.is_floating_point():
+        raise TypeError(f"weight must be a floating tensor, got "
+                        f"{weight.dtype}")
+    if weight.dim() == 0 or weight.shape[-1] % QK4_0:
+        raise ValueError(f"weight's last dimension must be a multiple of "
+                         f"{QK4_0}, got shape {tuple(weight.shape)}")
+    blocks = weight.detach().float().reshape(-1, QK4_0)      # (n, 32)
+    return blocks
+
+
 def q4_0_roundtrip(weight: torch.Tensor) -> torch.Tensor:
     r"""``weight`` quantized to Q4_0 and dequantized again.
 
@@ -46,14 +59,7 @@ def q4_0_roundtrip(weight: torch.Tensor) -> torch.Tensor:
         ``(..., C)`` float32: $d\,q_j$ for every weight, the value the
         Q4_0 block of that weight decodes to.
     """
-    check_type("weight", weight, torch.Tensor, "a torch.Tensor")
-    if not weight.is_floating_point():
-        raise TypeError(f"weight must be a floating tensor, got "
-                        f"{weight.dtype}")
-    if weight.dim() == 0 or weight.shape[-1] % QK4_0:
-        raise ValueError(f"weight's last dimension must be a multiple of "
-                         f"{QK4_0}, got shape {tuple(weight.shape)}")
-    blocks = weight.detach().float().reshape(-1, QK4_0)      # (n, 32)
+    blocks = _blocks(weight)                                  # (n, 32)
     # the signed value of largest magnitude; on a tie between +a and -a
     # the first one in the block, as NumPy's argmax picks it
     hi = blocks.amax(-1, keepdim=True)                        # (n, 1)
@@ -90,14 +96,7 @@ def q4_1_roundtrip(weight: torch.Tensor) -> torch.Tensor:
         ``(..., C)`` float32: the value each weight's Q4_1 block decodes
         to.
     """
-    check_type("weight", weight, torch.Tensor, "a torch.Tensor")
-    if not weight.is_floating_point():
-        raise TypeError(f"weight must be a floating tensor, got "
-                        f"{weight.dtype}")
-    if weight.dim() == 0 or weight.shape[-1] % QK4_0:
-        raise ValueError(f"weight's last dimension must be a multiple of "
-                         f"{QK4_0}, got shape {tuple(weight.shape)}")
-    blocks = weight.detach().float().reshape(-1, QK4_0)      # (n, 32)
+    blocks = _blocks(weight)                                  # (n, 32)
     lo = blocks.amin(-1, keepdim=True)                        # (n, 1) m
     d = (blocks.amax(-1, keepdim=True) - lo) / 15             # (n, 1)
     inv = torch.where(d == 0, 0.0, 1 / d)                     # (n, 1)
