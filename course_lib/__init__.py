@@ -148,5 +148,14 @@ CHAPTERS: dict[int, dict[str, str]] = {
          "distributed.overlap": "an all-to-all hidden behind expert "
                                 "compute: two micro-batches",
          "distributed.torchrun_check": "the parallel layers checked under "
-                                       "torchrun: env://, gloo or NCCL"},
+                                       "torchrun: env://, gloo or NCCL",
+         "distributed.dtensor_tp": "PyTorch's own tensor parallelism, "
+                                   "DTensor and parallelize_module, checked "
+                                   "against the course's layers",
+         "distributed.data_parallel": "data parallelism with DDP, ZeRO/FSDP "
+                                      "sharding: gradients and bytes per "
+                                      "rank",
+         "distributed.sequence_parallel": "sequence parallelism: "
+                                          "reduce-scatter and all-gather "
+                                          "around the norms"},
 }

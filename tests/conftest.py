@@ -98,9 +98,11 @@ def _parse_once(mp) -> None:
 @pytest.fixture(scope="session")
 def parallel_layers():
     """``get(W)``: chapter 14's layer checks
-    (``parallel_checks.check_parallel_layers``) run once per world size W
-    on W spawned processes, shared by the tensor- and expert-parallel
-    tests (process start-up is paid once per W)."""
+    (``workers.check_parallel_layers``) run once per world size W on W
+    spawned processes, shared by the tensor-, expert-, sequence- and
+    data-parallel tests (process start-up is paid once per W): TP and EP
+    at W = 2 and 4, the SP checks (``"sp"``, ``"sp_run"``; ``"sp_pairs"``
+    at W = 4), DDP and FSDP (``"ddp"``, ``"fsdp"``) at W = 2."""
     from course_lib.distributed.launch import run
     from workers import check_parallel_layers
     cache = {}

@@ -33,14 +33,19 @@ import torch
 import torch.distributed as dist
 
 from course_lib.distributed.collectives import group_rank_and_size
+from course_lib.distributed import scaling_experiments
 from course_lib.distributed.expert_parallel import ExpertParallelMoE
+from course_lib.distributed.sequence_parallel import (
+    SequenceParallelBlock,
+    all_reduce_sequence_parallel_grads,
+)
 from course_lib.distributed.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     TensorParallelAttention,
     TensorParallelSwiGLU,
 )
-from course_lib.model.block import SwiGLU
+from course_lib.model.block import DecoderBlock, SwiGLU
 from course_lib.model.masks import causal_mask
 from course_lib.model.mha import MultiHeadAttention
 from course_lib.model.moe import MoE
@@ -48,7 +53,8 @@ from course_lib.model.rope import RotaryEmbedding
 from course_lib.model.routing import DeepSeekV3Router, TopKRouter
 
 __all__ = ["check_tensor_parallel", "check_expert_parallel",
-           "check_parallel_layers", "fail_on_rank", "sleep_on_rank"]
+           "check_sequence_parallel", "check_parallel_layers",
+           "fail_on_rank", "sleep_on_rank"]
 
 
 def _diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
@@ -248,22 +254,98 @@ def check_expert_parallel(rank: int, world_size: int, seed: int = 0,
     return out
 
 
+def check_sequence_parallel(rank: int, world_size: int, seed: int = 0,
+                            group=None) -> dict[str, dict[str, float]]:
+    """SequenceParallelBlock against the single-process DecoderBlock, rank
+    r holding tokens r T/W ... (T = 8, W must divide 8), loss
+    sum(out * C) over all ranks' tokens: outputs and input gradients on
+    this rank's tokens, each weight shard's gradient against its block of
+    the full one, and the replicated weights marked ``sequence_parallel``
+    (norms, row-parallel biases) after their all-reduce.
+
+    Two blocks: RMSNorm, GQA with RoPE, causal mask, no biases; and
+    LayerNorm (weight and bias), biases everywhere, the fused attention
+    path with a per-head mask. ``group`` as in
+    :func:`check_tensor_parallel`.
+    """
+    if group is not None:
+        rank, world_size = group_rank_and_size(group)
+    B, T, D = 2, 8, 32
+    n = T // world_size
+    mine = slice(rank * n, (rank + 1) * n)
+    out = {}
+    for case, norm, bias, fused, mask in (
+            ("rms", "rms", False, False, causal_mask(T)),
+            ("layer_fused", "layer", True, True,
+             torch.rand(B, 8, T, T, generator=torch.Generator()
+                        .manual_seed(seed)) < 0.7)):
+        torch.manual_seed(seed)
+        mha = MultiHeadAttention(D, 8, n_kv_heads=4, bias=bias, fused=fused,
+                                 rope=None if fused else RotaryEmbedding(4))
+        block = DecoderBlock(D, attention=mha, ffn=SwiGLU(D, 64, bias=bias),
+                             norm=norm)
+        sp = SequenceParallelBlock(block, group)
+        x, c = torch.randn(B, T, D), torch.randn(B, T, D)
+        x_sp = x[:, mine].clone().requires_grad_()
+        with _strict():
+            y = sp(x_sp, mask)                               # (B, T/W, D)
+            (y * c[:, mine]).sum().backward()
+            all_reduce_sequence_parallel_grads(sp, group)
+        x_ref = x.clone().requires_grad_()
+        y_ref = block(x_ref, mask)
+        (y_ref * c).sum().backward()
+        marked = [name for name, p in sp.named_parameters()
+                  if getattr(p, "sequence_parallel", False)]
+        shards = 0.0
+        for name, p in sp.named_parameters():
+            if name in marked:
+                continue
+            g = block.get_parameter(name).grad
+            dim = 1 if ("o_proj" in name or "down_proj" in name) \
+                and name.endswith("weight") else 0
+            shards = max(shards, _diff(p.grad, _rows(g, rank, world_size,
+                                                     dim)))
+        out[case] = {
+            "out": _diff(y, y_ref[:, mine]),
+            "grad_x": _diff(x_sp.grad, x_ref.grad[:, mine]),
+            "grad_shards": shards,
+            "grad_replicated": max(_diff(sp.get_parameter(m).grad,
+                                         block.get_parameter(m).grad)
+                                   for m in marked),
+            "n_replicated": len(marked)}
+    return out
+
+
 def check_parallel_layers(rank: int, world_size: int,
                           seed: int = 0) -> dict:
-    """Both checks in one group (start-up is paid once):
-    ``{"tp": check_tensor_parallel(...), "ep": check_expert_parallel(...)}``.
-    With W = 4 also ``"tp_pairs"`` and ``"ep_pairs"``: the same checks in
-    two process groups of two ranks each, {0, 1} and {2, 3}, side by side
-    (the ``group`` argument of the layers).
+    """All checks in one group (start-up is paid once):
+    ``{"tp": check_tensor_parallel(...), "ep": check_expert_parallel(...),
+    "sp": check_sequence_parallel(...), "sp_run": the chapter's
+    sequence_parallel_run}``.
+    With W = 4 also ``"tp_pairs"``, ``"ep_pairs"`` and ``"sp_pairs"``: the
+    same checks in two process groups of two ranks each, {0, 1} and
+    {2, 3}, side by side (the ``group`` argument of the layers). With
+    W = 2 also ``"ddp"`` (the chapter's data_parallel_run) and ``"fsdp"``
+    (fully_shard_run with ``"sgd"`` and ``"adam"``).
     """
     res = {"tp": check_tensor_parallel(rank, world_size, seed),
-           "ep": check_expert_parallel(rank, world_size, seed)}
+           "ep": check_expert_parallel(rank, world_size, seed),
+           "sp": check_sequence_parallel(rank, world_size, seed),
+           "sp_run": scaling_experiments.sequence_parallel_run(
+               rank, world_size, world_size)}
     if world_size == 4:
         # every rank creates every group, in the same order
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         mine = pairs[rank // 2]
         res["tp_pairs"] = check_tensor_parallel(rank, 2, seed, mine)
         res["ep_pairs"] = check_expert_parallel(rank, 2, seed, mine)
+        res["sp_pairs"] = check_sequence_parallel(rank, 2, seed, mine)
+    if world_size == 2:
+        # torch's DDP and FSDP2 (each process imports torch._dynamo for
+        # them once, a few seconds: on 2 ranks only)
+        res["ddp"] = scaling_experiments.data_parallel_run(rank, 2, 2)
+        res["fsdp"] = {opt: scaling_experiments.fully_shard_run(
+            rank, 2, 2, optimizer=opt) for opt in ("sgd", "adam")}
     return res
 
 

@@ -28,7 +28,26 @@ loopback interface during each call from ``/proc/net/dev``
 headers included, whatever algorithm gloo picked. What they measure is
 this machine's processes talking through its kernel, not NVLink or
 InfiniBand; the fitted model is what carries over, with a cluster's own
-$\alpha$ and $\beta$ put in.
+$\alpha$ and $\beta$ put in (:func:`fit_collective` turns a fitted
+line into the link's $\alpha$ and $\beta$).
+
+**Communication against computation.** One layer on one device that
+works on $N$ tokens computes for $N f / F$ seconds ($f$ FLOPs per
+token, $F$ FLOP/s achieved) and communicates for
+$m\alpha + N s \beta$ ($m$ latency-bound steps, $s$ bytes sent per
+token). Both grow with $N$, but only the communication has a fixed
+part, so
+
+$$ N s \beta + m\alpha > N f / F \iff
+N < N^* = \frac{m\alpha}{f/F - s\beta} \quad (f/F > s\beta), $$
+
+and if $s\beta \ge f/F$ the layer waits on the network at every batch
+(unless the two overlap). :class:`LayerCost` holds $f, s, m$ and the
+link; :func:`tensor_parallel_cost` and :func:`expert_parallel_cost` fill
+them in for a DeepSeek-V3-like MoE layer from its configuration
+(:func:`moe_layer_flops`: 2 FLOPs per active weight). These are models
+with stated assumptions (bandwidth, latency, achieved FLOP/s), not
+measurements.
 """
 from __future__ import annotations
 
@@ -42,10 +61,14 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .._util.validation import check_int, check_real, check_type
+from .._util.validation import (check_choice, check_int, check_real,
+                                check_type)
+from ..sizing.params import attention_params, expert_params, moe_layer_params
 
-__all__ = ["AlphaBeta", "fit_alpha_beta", "ring_all_reduce_seconds",
-           "all_to_all_seconds", "loopback_bytes", "collective_cost_run"]
+__all__ = ["AlphaBeta", "fit_alpha_beta", "ring_all_reduce_bytes",
+           "ring_all_reduce_seconds", "all_to_all_seconds", "fit_collective",
+           "moe_layer_flops", "LayerCost", "tensor_parallel_cost",
+           "expert_parallel_cost", "loopback_bytes", "collective_cost_run"]
 
 _NET_DEV = Path("/proc/net/dev")
 
@@ -99,6 +122,19 @@ def fit_alpha_beta(x: Sequence[float], seconds: Sequence[float]
     return a, b
 
 
+def ring_all_reduce_bytes(n_bytes: float, world_size: int) -> float:
+    r"""$\frac{2(W-1)}{W}\,n$: the bytes each rank sends in a ring
+    all-reduce of ``n_bytes`` per rank (a reduce-scatter, then an
+    all-gather, each passing $W-1$ chunks of $n/W$). No all-reduce can
+    send less per rank (Patarasuk and Yuan 2009); a backend may still
+    pick another algorithm (a tree, a direct exchange) that sends more
+    and waits less."""
+    check_real("n_bytes", n_bytes, minimum=0)
+    check_int("world_size", world_size, minimum=1)
+    W = world_size
+    return 2 * (W - 1) / W * n_bytes
+
+
 def ring_all_reduce_seconds(n_bytes: float, world_size: int,
                             link: AlphaBeta) -> float:
     r"""$2(W-1)\alpha + \frac{2(W-1)}{W} n \beta$: a ring all-reduce of
@@ -120,6 +156,163 @@ def all_to_all_seconds(bytes_sent: float, world_size: int,
     W = world_size
     check_type("link", link, AlphaBeta, "an AlphaBeta")
     return link.seconds(bytes_sent, messages=W - 1)
+
+
+#: the collectives :func:`fit_collective` knows: (steps, share of n sent)
+_SCHEDULES = {
+    "all_reduce": lambda W: (2 * (W - 1), 2 * (W - 1) / W),
+    "all_to_all": lambda W: (W - 1, (W - 1) / W),
+}
+
+
+def fit_collective(collective: str, n_bytes: Sequence[float],
+                   seconds: Sequence[float], world_size: int) -> AlphaBeta:
+    r"""The link's $\alpha$ and $\beta$ from measured times of one
+    collective, for payloads of ``n_bytes`` per rank.
+
+    A ring all-reduce takes $t = 2(W-1)\alpha + \frac{2(W-1)}{W} n\beta$;
+    an all-to-all of an $n$-byte tensor per rank sends $\frac{W-1}{W}n$
+    of it, one message to each other rank, $t = (W-1)\alpha +
+    \frac{W-1}{W} n\beta$. Both are $t = a + b\,n$:
+    :func:`fit_alpha_beta` fits $a, b$, and dividing by the steps and by
+    the share sent gives $\alpha$ and $\beta$.
+
+    Args:
+        collective: ``"all_reduce"`` or ``"all_to_all"``.
+        n_bytes: payload per rank of each measurement.
+        seconds: the measured times (> 0), one per payload.
+        world_size: the ranks $W \ge 2$ that took part.
+    Returns:
+        :class:`AlphaBeta` (a noisy fit can give a negative ``alpha``:
+        it is returned as fitted).
+    """
+    check_choice("collective", collective, tuple(_SCHEDULES))
+    check_int("world_size", world_size, minimum=2)
+    a, b = fit_alpha_beta(n_bytes, seconds)
+    steps, share = _SCHEDULES[collective](world_size)
+    return AlphaBeta(alpha=a / steps, beta=b / share)
+
+
+def moe_layer_flops(config) -> int:
+    r"""FLOPs per token of one MoE layer's matrix products: two (a
+    multiply and an add) per weight the token uses,
+
+    $$ f = 2\,\big(P_{\text{attn}} + E D + (n_s + k)\,3 D I_e\big), $$
+
+    attention's projections $P_{\text{attn}}$ (chapter 10's count for
+    MLA), the router ($E D$) and the shared and $k$ routed experts
+    (SwiGLUs of width $I_e$). Left out: attention's scores and weighted
+    sum over the context ($\propto$ the context length), the norms and
+    the softmax, so $f$ is a lower bound on the work.
+
+    Args:
+        config: an MoE configuration (``course_lib.sizing.configs``).
+    Returns:
+        $f$ (int).
+    """
+    parts = moe_layer_params(config)          # checks: an MoE config
+    active = (config.n_shared_experts + config.num_experts_per_tok) \
+        * expert_params(config)
+    return 2 * (attention_params(config) + parts["router"] + active)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    r"""One layer on one device as a function of the tokens $N$ it works
+    on: compute $N f / F$, communication $m\alpha + N s \beta$.
+
+    Attributes:
+        flops_per_token: $f$, this device's FLOPs per token.
+        bytes_per_token: $s$, the bytes this device sends per token.
+        messages: $m$, the steps that each pay the latency $\alpha$.
+        link: the :class:`AlphaBeta` the bytes travel over.
+    """
+    flops_per_token: float
+    bytes_per_token: float
+    messages: int
+    link: AlphaBeta
+
+    def compute_seconds(self, tokens: float, flop_rate: float) -> float:
+        """$N f / F$ at ``flop_rate`` $F$ FLOP/s achieved."""
+        check_real("tokens", tokens, minimum=0)
+        check_real("flop_rate", flop_rate, positive=True)
+        return tokens * self.flops_per_token / flop_rate
+
+    def comm_seconds(self, tokens: float) -> float:
+        r"""$m\alpha + N s \beta$."""
+        check_real("tokens", tokens, minimum=0)
+        return self.link.seconds(tokens * self.bytes_per_token,
+                                 messages=self.messages)
+
+    def comm_bound_below(self, flop_rate: float) -> float:
+        r"""$N^* = m\alpha / (f/F - s\beta)$: below $N^*$ tokens the
+        communication takes longer than the compute; ``inf`` if it does
+        at every $N$ ($s\beta \ge f/F$)."""
+        check_real("flop_rate", flop_rate, positive=True)
+        margin = self.flops_per_token / flop_rate - \
+            self.bytes_per_token * self.link.beta
+        if margin <= 0:
+            return math.inf
+        return self.messages * self.link.alpha / margin
+
+
+def tensor_parallel_cost(config, world_size: int, link: AlphaBeta, *,
+                         bytes_per_value: float = 2) -> LayerCost:
+    r"""A whole MoE layer split by tensor parallelism over $W$ devices
+    (attention by heads, every expert by columns and rows): each device
+    does $f/W$ of the work on every token and sends, per token, two ring
+    all-reduces (attention's and the FFN's) of the $D b$-byte output,
+
+    $$ s = 2 \cdot \tfrac{2(W-1)}{W} D b, \qquad m = 2 \cdot 2(W-1). $$
+
+    Args:
+        config: an MoE configuration.
+        world_size: $W \ge 1$.
+        link: the devices' link (NVLink inside a machine).
+        bytes_per_value: $b$ (2: bf16 activations).
+    """
+    check_int("world_size", world_size, minimum=1)
+    check_type("link", link, AlphaBeta, "an AlphaBeta")
+    check_real("bytes_per_value", bytes_per_value, positive=True)
+    W = world_size
+    f = moe_layer_flops(config) / W
+    s = 2 * ring_all_reduce_bytes(config.hidden_size * bytes_per_value, W)
+    return LayerCost(flops_per_token=f, bytes_per_token=s,
+                     messages=2 * 2 * (W - 1), link=link)
+
+
+def expert_parallel_cost(config, link: AlphaBeta, *, copies: float,
+                         dispatch_bytes: float = 1,
+                         combine_bytes: float = 2) -> LayerCost:
+    r"""An MoE layer under expert parallelism with data-parallel
+    attention: each device runs the whole layer for its own tokens (its
+    share of the experts' work, in balance) and, per token, sends
+    ``copies`` hidden states over ``link`` at dispatch and receives as
+    many back at combine, so it sends
+
+    $$ s = c\,D\,(b_d + b_c), \qquad m = 2 $$
+
+    (at combine it sends the results of the slots it served, as many in
+    balance as its own tokens sent). $c$ is $k(W-1)/W$ when every slot
+    whose expert is elsewhere crosses the link, $M$ when a node-limited
+    dispatch sends one copy per target node. The messages of one
+    all-to-all travel to their ranks together: each all-to-all pays
+    $\alpha$ once.
+
+    Args:
+        config: an MoE configuration.
+        link: the link the copies cross (InfiniBand between machines).
+        copies: $c$, hidden states sent per token (> 0).
+        dispatch_bytes, combine_bytes: $b_d$ (1: FP8) and $b_c$ (2: bf16).
+    """
+    check_type("link", link, AlphaBeta, "an AlphaBeta")
+    check_real("copies", copies, positive=True)
+    check_real("dispatch_bytes", dispatch_bytes, positive=True)
+    check_real("combine_bytes", combine_bytes, positive=True)
+    f = moe_layer_flops(config)               # checks: an MoE config
+    s = copies * config.hidden_size * (dispatch_bytes + combine_bytes)
+    return LayerCost(flops_per_token=f, bytes_per_token=s, messages=2,
+                     link=link)
 
 
 def loopback_bytes() -> int | None:
