@@ -11,6 +11,8 @@ The folders follow the book:
 - ``sizing/``: configurations, parameter counts, cache and weight bytes;
 - ``pretrained/``: a real model, SmolLM2-135M, read from its GGUF file;
 - ``distributed/``: tensor and expert parallelism over processes;
+- ``serving/``: how a server runs a model fast: paged KV cache and
+  continuous batching, speculative decoding, weight quantization;
 - ``notebook/``: course machinery, not Transformer code (exercises,
   explorers, ``show_source``, the Chinese edition's strings);
 - ``_util/``: private helpers (argument checks, timing, threads).
@@ -158,4 +160,13 @@ CHAPTERS: dict[int, dict[str, str]] = {
          "distributed.sequence_parallel": "sequence parallelism: "
                                           "reduce-scatter and all-gather "
                                           "around the norms"},
+    15: {"serving.paged_kv_cache": "a KV cache of fixed-size blocks with "
+                                   "a block table per sequence",
+         "serving.continuous_batching": "a scheduler that admits and "
+                                        "retires requests between decode "
+                                        "steps: batch_generate",
+         "serving.speculative_decoding": "draft, verify, accept: with a "
+                                         "draft model or prompt lookup",
+         "serving.quantization": "weight-only int8 and 4-bit linear "
+                                 "layers; perplexity on held-out text"},
 }
