@@ -19,7 +19,7 @@ __all__ = ["check_type", "check_attrs", "check_batch", "check_bool",
            "check_divides", "check_shape", "check_attention_inputs",
            "check_callable", "check_float_dtype", "check_broadcasts",
            "check_fits", "check_continues", "check_equal", "MAX_ELEMENTS",
-           "check_alloc"]
+           "check_alloc", "check_prompts"]
 
 
 def check_type(name: str, value, expected, what: str) -> None:
@@ -163,6 +163,20 @@ def check_ids(name: str, ids) -> None:
     if ids.dim() not in (1, 2) or ids.shape[-1] < 1:
         raise ValueError(f"{name} must have shape (T,) or (B, T) with "
                          f"T >= 1, got {tuple(ids.shape)}")
+
+
+def check_prompts(prompts) -> None:
+    """``prompts`` must be a non-empty list (or tuple) of 1-D integer
+    tensors ``(T0_b,)``, each with at least one id."""
+    check_type("prompts", prompts, (list, tuple), "a list of 1-D tensors")
+    if not prompts:
+        raise ValueError("prompts must hold at least one prompt, got an "
+                         "empty list")
+    for b, p in enumerate(prompts):
+        check_ids(f"prompts[{b}]", p)
+        if p.dim() != 1:
+            raise ValueError(f"prompts[{b}] must be 1-D (T0,), got shape "
+                             f"{tuple(p.shape)}")
 
 
 def check_token_ids(name: str, ids, vocab: int,

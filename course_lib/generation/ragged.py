@@ -28,26 +28,13 @@ from .._util.threads import small_ops
 from .._util.validation import (
     check_attrs,
     check_bool,
-    check_ids,
     check_int,
+    check_prompts,
     check_type,
 )
 from ..model.kv_cache import KVCache
 
 __all__ = ["left_pad", "generate_ragged"]
-
-
-def _check_prompts(prompts) -> None:
-    """``prompts`` must be a non-empty list of 1-D integer tensors."""
-    check_type("prompts", prompts, (list, tuple), "a list of 1-D tensors")
-    if not prompts:
-        raise ValueError("prompts must hold at least one prompt, got an "
-                         "empty list")
-    for b, p in enumerate(prompts):
-        check_ids(f"prompts[{b}]", p)
-        if p.dim() != 1:
-            raise ValueError(f"prompts[{b}] must be 1-D (T0,), got shape "
-                             f"{tuple(p.shape)}")
 
 
 def left_pad(prompts: list[torch.Tensor], pad_token_id: int = 0
@@ -63,7 +50,7 @@ def left_pad(prompts: list[torch.Tensor], pad_token_id: int = 0
         bool, True on the real tokens, each row's prompt ending in the
         last column.
     """
-    _check_prompts(prompts)
+    check_prompts(prompts)
     check_int("pad_token_id", pad_token_id, minimum=0)
     T0 = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), T0), pad_token_id,
@@ -109,7 +96,7 @@ def generate_ragged(model: torch.nn.Module, prompts: list[torch.Tensor],
         B int64 tensors ``(T0_b + max_new_tokens,)``: each prompt
         followed by its generated tokens, without padding.
     """
-    _check_prompts(prompts)
+    check_prompts(prompts)
     check_int("max_new_tokens", max_new_tokens, minimum=1)
     check_bool("per_row_positions", per_row_positions)
     check_type("model", model, torch.nn.Module, "a torch.nn.Module")

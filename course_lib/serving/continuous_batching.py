@@ -69,6 +69,7 @@ from .._util.validation import (
     check_bool,
     check_ids,
     check_int,
+    check_prompts,
     check_type,
 )
 from ..generation.sampling import check_sampling_args, sample_next
@@ -343,19 +344,6 @@ class Scheduler:
         out.preempted.append(req.request_id)
 
 
-def _check_prompts(prompts) -> None:
-    """A non-empty list of 1-D integer tensors."""
-    check_type("prompts", prompts, (list, tuple), "a list of 1-D tensors")
-    if not prompts:
-        raise ValueError("prompts must hold at least one prompt, got an "
-                         "empty list")
-    for i, p in enumerate(prompts):
-        check_ids(f"prompts[{i}]", p)
-        if p.dim() != 1:
-            raise ValueError(f"prompts[{i}] must be 1-D (T0,), got shape "
-                             f"{tuple(p.shape)}")
-
-
 @small_ops()  # many small forward passes: see course_lib._util.threads
 @torch.no_grad()
 def batch_generate(model: DecoderLM, prompts: list[torch.Tensor],
@@ -399,7 +387,7 @@ def batch_generate(model: DecoderLM, prompts: list[torch.Tensor],
         One int64 tensor per prompt, in input order: the prompt followed
         by its new tokens.
     """
-    _check_prompts(prompts)
+    check_prompts(prompts)
     check_int("max_new_tokens", max_new_tokens, minimum=1)
     check_int("block_size", block_size, minimum=1)
     check_int("max_batch", max_batch, minimum=1)
