@@ -121,6 +121,7 @@ CAPTIONS = {
     "Part IV: Inference and scale": "第四部分：推理与规模",
     "Part V: A real model": "第五部分：一个真实的模型",
     "Part VI: Scaling out": "第六部分：横向扩展",
+    "Part VII: Serving": "第七部分：推理服务",
     "Reference": "参考",
 }
 HEADER = ("# Written by scripts/build_zh.py from the English book's file of "
