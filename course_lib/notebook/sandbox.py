@@ -213,18 +213,21 @@ class _Zygote:
             return None
         return int(parts[1])
 
-    def wait_exit(self, pid: int, timeout: float) -> int | None:
-        """The child's exit code (negative: the signal that ended it) once
-        it has ended, or None if ``timeout`` passed first or the fork
-        server is gone."""
-        line = self.wait_line(timeout) or b""
+    def wait_exit(self, pid: int, timeout: float
+                  ) -> tuple[bool, int | None]:
+        """``(False, None)`` if ``timeout`` passed first; else ``(True,
+        code)`` with the child's exit code (negative: the signal that
+        ended it), or ``(True, None)`` if the fork server is gone."""
+        line = self.wait_line(timeout)
+        if line is None:
+            return False, None
         parts = line.split()
         if len(parts) != 3 or parts[:2] != [b"exit", str(pid).encode()]:
-            return None
+            return True, None                 # end of file: server gone
         status = int(parts[2])
         if os.WIFSIGNALED(status):
-            return -os.WTERMSIG(status)
-        return os.WEXITSTATUS(status)
+            return True, -os.WTERMSIG(status)
+        return True, os.WEXITSTATUS(status)
 
     def kill(self) -> None:
         """End the fork server; remove its folder."""
@@ -308,17 +311,25 @@ def run_source(source: str, func_name: str,
                     "cases": list(cases), "time_limit": float(time_limit)},
                    folder / "request.pt")
         try:
-            if not zygote.wait_ready(STARTUP_LIMIT) or \
-                    (pid := zygote.fork(folder)) is None:
+            for _ in range(2):            # a server that died: start anew
+                if zygote.wait_ready(STARTUP_LIMIT):
+                    pid = zygote.fork(folder)
+                if pid is not None:
+                    break
+                start_failure = _ended(None, "start", zygote.folder)
                 zygote.kill()
-                return Outcome(setup=_ended(None, "start", zygote.folder))
+                zygote = _take_zygote()
+            else:
+                return Outcome(setup=start_failure)
             deadline = time_limit * (len(cases) + 1) + MARGIN
-            code = zygote.wait_exit(pid, deadline)
-            if code is None and zygote.alive():       # past the deadline
+            ended, code = zygote.wait_exit(pid, deadline)
+            if not ended:                                 # past the deadline
                 _kill_group(pid)
                 zygote.wait_exit(pid, 10)
                 return Outcome(setup=Failure("killed", message=f"{deadline:g}"),
                                printed=_printed(folder))
+            if code is None:              # the code killed the fork server
+                zygote.kill()
         except KeyboardInterrupt:
             if pid is not None:
                 _kill_group(pid)
