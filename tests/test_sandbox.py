@@ -151,16 +151,8 @@ ENDINGS = {
 }
 
 
-@pytest.fixture
-def short_margin(monkeypatch):
-    """A 1-second margin past the calls' limits (5 s in use): the tests
-    that wait for the hard deadline then wait 4 s instead of 8."""
-    monkeypatch.setattr(sandbox, "MARGIN", 1.0)
-
-
 @pytest.mark.parametrize("name", sorted(ENDINGS))
-def test_code_that_ends_or_wedges_its_process_becomes_feedback(
-        name, short_margin):
+def test_code_that_ends_or_wedges_its_process_becomes_feedback(name):
     source, needle = ENDINGS[name]
     fb, seconds = judged(exercise(), source)
     assert not fb.correct and needle in fb.message, fb.message
@@ -175,20 +167,7 @@ def test_after_a_crash_and_a_patch_the_next_check_is_judged_as_usual():
     assert not ex.check(ZEROS).correct
 
 
-def test_code_that_kills_the_fork_server_is_judged_and_the_next_check_runs():
-    """The child's parent is the fork server, not the kernel: killing it
-    ends this check as a crash, and the next check starts a new server."""
-    ex = exercise()
-    fb, _ = judged(ex, "import os, signal\n"
-                       "os.kill(os.getppid(), signal.SIGKILL)\n"
-                       "def square(x):\n    return x * x\n")
-    assert not fb.correct and "ended the process" in fb.message, fb.message
-    assert ex.check(RIGHT).correct
-    assert not ex.check(ZEROS).correct
-
-
-def test_a_loop_that_swallows_every_exception_is_killed_at_the_deadline(
-        short_margin):
+def test_a_loop_that_swallows_every_exception_is_killed_at_the_deadline():
     source = ("import signal\ndef square(x):\n"
               "    while True:\n"
               "        try:\n"

@@ -20,22 +20,17 @@ kills the child's process group: code that swallows the timer, an
 interrupt or every exception cannot wedge anything. The child also gets a
 memory limit (``RLIMIT_AS``) and a cap on what it may write.
 
-Starting Python and importing torch takes one to a few seconds, so a
-fork server does it once: a helper process (:func:`warm_up` starts it
-while the learner types) imports torch and then, for each run, forks a
-fresh child that inherits the imports and runs nothing but this one
-request. A child is never reused, so nothing one submission patches can
-reach the next. On a system without POSIX process control (Windows),
-:data:`AVAILABLE` is False and the exercise runs the code in the kernel,
-as it did before.
+Starting Python and importing torch takes one to a few seconds, so one
+child is started ahead of time and waits for work (:func:`warm_up`); each
+run uses it once and starts the next. On a system without POSIX process
+control (Windows), :data:`AVAILABLE` is False and the exercise runs the
+code in the kernel, as it did before.
 
-Protocol: the kernel writes ``request.pt`` into a fresh folder and sends
-the folder's path on the fork server's stdin; the server forks, answers
-``pid <pid>``, and ``exit <pid> <status>`` once the child has ended. The
-child writes ``result.pt`` and exits with status 0; any other ending (a
-signal, another exit status, no result file) is reported as a crash.
-Everything the learner's code prints goes to ``output.txt``, of which
-the feedback shows the start.
+Protocol: the kernel writes ``request.pt`` into the child's folder and
+sends one line on the child's stdin; the child answers ``ready`` on its
+original stdout once its imports are done, writes ``result.pt`` and
+``done``, and exits. Everything the learner's code prints goes to
+``output.txt``, of which the feedback shows the start.
 """
 from __future__ import annotations
 
@@ -152,18 +147,8 @@ class Opaque:
 # ---------------------------------------------------------------------------
 # The kernel's side
 # ---------------------------------------------------------------------------
-class _Zygote:
-    """A process that has imported torch once and forks a fresh child for
-    each run (a fork server, as ``multiprocessing``'s ``forkserver``).
-
-    Protocol on its stdin/stdout: it writes ``ready`` once its imports are
-    done; for each line ``<folder>`` the kernel sends, it forks a child
-    that runs the request in that folder, writes ``pid <pid>``, waits for
-    the child and writes ``exit <pid> <wait status>``. The child starts a
-    new session (its own process group, which the kernel kills at the
-    deadline) and replaces its stdin and stdout, so the learner's code
-    cannot reach the protocol.
-    """
+class _Child:
+    """One started child process, waiting in its own folder."""
 
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="course-sandbox-"))
@@ -176,17 +161,15 @@ class _Zygote:
         env.pop("COURSE_LANGUAGE", None)
         with open(self.folder / "output.txt", "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "course_lib.notebook.sandbox"],
+                [sys.executable, "-m", "course_lib.notebook.sandbox",
+                 str(self.folder)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=out,
                 cwd=self.folder, env=env, start_new_session=True)
         self.ready = False
 
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
     def wait_ready(self, timeout: float) -> bool:
-        """Whether the imports are done (waits up to ``timeout`` seconds
-        for its ``ready``)."""
+        """Whether the child has done its imports (waits up to
+        ``timeout`` seconds for its ``ready``)."""
         if not self.ready:
             self.ready = self.wait_line(timeout) == b"ready"
         return self.ready
@@ -199,39 +182,12 @@ class _Zygote:
             return None
         return self.process.stdout.readline().strip()
 
-    def fork(self, folder: Path) -> int | None:
-        """Start a child on ``folder``'s request; its pid (None if the
-        fork server is gone)."""
-        try:
-            self.process.stdin.write(str(folder).encode() + b"\n")
-            self.process.stdin.flush()
-        except (BrokenPipeError, OSError):
-            return None
-        line = self.wait_line(STARTUP_LIMIT) or b""
-        parts = line.split()
-        if len(parts) != 2 or parts[0] != b"pid":
-            return None
-        return int(parts[1])
-
-    def wait_exit(self, pid: int, timeout: float
-                  ) -> tuple[bool, int | None]:
-        """``(False, None)`` if ``timeout`` passed first; else ``(True,
-        code)`` with the child's exit code (negative: the signal that
-        ended it), or ``(True, None)`` if the fork server is gone."""
-        line = self.wait_line(timeout)
-        if line is None:
-            return False, None
-        parts = line.split()
-        if len(parts) != 3 or parts[:2] != [b"exit", str(pid).encode()]:
-            return True, None                 # end of file: server gone
-        status = int(parts[2])
-        if os.WIFSIGNALED(status):
-            return True, -os.WTERMSIG(status)
-        return True, os.WEXITSTATUS(status)
-
     def kill(self) -> None:
-        """End the fork server; remove its folder."""
-        _kill_group(self.process.pid)
+        """End the child and everything it started; remove its folder."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -244,43 +200,35 @@ class _Zygote:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _kill_group(pid: int) -> None:
-    """SIGKILL the process group led by ``pid`` (a child and everything
-    it started)."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+_spare: dict[str, _Child | None] = {"child": None}
 
 
-_spare: dict[str, _Zygote | None] = {"zygote": None}
-
-
-def _take_zygote() -> _Zygote:
-    zygote = _spare["zygote"]
-    if zygote is None or not zygote.alive():
-        if zygote is not None:
-            zygote.kill()
-        zygote = _spare["zygote"] = _Zygote()
-    return zygote
+def _take_child() -> _Child:
+    child, _spare["child"] = _spare["child"], None
+    if child is None or child.process.poll() is not None:
+        if child is not None:
+            child.kill()
+        child = _Child()
+    return child
 
 
 def warm_up(*, wait: bool = False) -> None:
-    """Start the fork server if none is running (it then imports torch
-    while the learner types). Returns at once, or with ``wait=True`` once
-    it is ready (tests that time a run)."""
+    """Start the child the next run will use, if none is waiting (it then
+    imports torch while the learner types). Returns at once, or with
+    ``wait=True`` once the child is ready (tests that time a run)."""
     if not AVAILABLE:
         return
-    zygote = _take_zygote()
+    if _spare["child"] is None or _spare["child"].process.poll() is not None:
+        _spare["child"] = _Child()
     if wait:
-        zygote.wait_ready(STARTUP_LIMIT)
+        _spare["child"].wait_ready(STARTUP_LIMIT)
 
 
 @atexit.register
 def _stop_spare() -> None:
-    zygote, _spare["zygote"] = _spare["zygote"], None
-    if zygote is not None:
-        zygote.kill()
+    child, _spare["child"] = _spare["child"], None
+    if child is not None:
+        child.kill()
 
 
 def run_source(source: str, func_name: str,
@@ -303,74 +251,66 @@ def run_source(source: str, func_name: str,
         time_limit: seconds for the top level and for each call.
     """
     import torch
-    zygote = _take_zygote()
-    folder = Path(tempfile.mkdtemp(prefix="course-sandbox-run-"))
-    pid = None
+    child = _take_child()
     try:
         torch.save({"source": source, "func_name": func_name,
                     "cases": list(cases), "time_limit": float(time_limit)},
-                   folder / "request.pt")
+                   child.folder / "request.pt")
         try:
-            for _ in range(2):            # a server that died: start anew
-                if zygote.wait_ready(STARTUP_LIMIT):
-                    pid = zygote.fork(folder)
-                if pid is not None:
-                    break
-                start_failure = _ended(None, "start", zygote.folder)
-                zygote.kill()
-                zygote = _take_zygote()
-            else:
-                return Outcome(setup=start_failure)
+            if not child.wait_ready(STARTUP_LIMIT):
+                return Outcome(setup=_ended(child, "start"))
+            child.process.stdin.write(b"go\n")
+            child.process.stdin.flush()
             deadline = time_limit * (len(cases) + 1) + MARGIN
-            ended, code = zygote.wait_exit(pid, deadline)
-            if not ended:                                 # past the deadline
-                _kill_group(pid)
-                zygote.wait_exit(pid, 10)
+            try:
+                child.process.wait(timeout=deadline)
+            except subprocess.TimeoutExpired:
+                child.kill()
                 return Outcome(setup=Failure("killed", message=f"{deadline:g}"),
-                               printed=_printed(folder))
-            if code is None:              # the code killed the fork server
-                zygote.kill()
+                               printed=_printed(child))
         except KeyboardInterrupt:
-            if pid is not None:
-                _kill_group(pid)
-            zygote.kill()
+            child.kill()
             return Outcome(setup=Failure("interrupt"))
-        if code != 0 or not (folder / "result.pt").exists():
-            return Outcome(setup=_ended(code, "crash", folder),
-                           printed=_printed(folder))
+        except (BrokenPipeError, OSError):
+            return Outcome(setup=_ended(child, "crash"))
+        if child.wait_line(0) != b"done":
+            return Outcome(setup=_ended(child, "crash"),
+                           printed=_printed(child))
         try:
-            data = torch.load(folder / "result.pt", weights_only=True)
+            data = torch.load(child.folder / "result.pt", weights_only=True)
             outcome = _outcome(data)
         except Exception as exc:                      # anything unexpected
             return Outcome(setup=Failure("unreadable", type(exc).__name__,
                                          str(exc)[:200]),
-                           printed=_printed(folder))
-        outcome.printed = _printed(folder)
+                           printed=_printed(child))
+        outcome.printed = _printed(child)
         return outcome
     finally:
-        if pid is not None:
-            _kill_group(pid)              # what the code started, if alive
-        shutil.rmtree(folder, ignore_errors=True)
+        child.kill()
+        warm_up()
 
 
-def _ended(code: int | None, kind: str, folder: Path) -> Failure:
-    """How a child that gave no result ended (``code``: its exit code,
-    negative for a signal; None if unknown)."""
-    if code is None:
-        detail = _printed(folder)[-MAX_TEXT:] if kind == "start" else ""
-        return Failure(kind, message=detail or "no exit status")
+def _ended(child: _Child, kind: str) -> Failure:
+    """How a child that gave no result ended."""
+    try:
+        code = child.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return Failure("killed")
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
         return Failure(kind, message=name)
-    return Failure(kind, message=f"exit status {code}")
+    detail = ""
+    if kind == "start":
+        detail = _printed(child)[-MAX_TEXT:]
+    return Failure(kind, message=detail or f"exit status {code}")
 
 
-def _printed(folder: Path) -> str:
+def _printed(child: _Child) -> str:
     try:
-        with open(folder / "output.txt", "rb") as f:
+        with open(child.folder / "output.txt", "rb") as f:
             text = f.read(MAX_PRINTED + 1).decode("utf-8", "replace")
     except OSError:
         return ""
@@ -484,43 +424,14 @@ def _describe_failure(exc: BaseException, time_limit: float) -> dict:
             "message": message, "line": line}
 
 
-def _zygote_main() -> None:
-    """The fork server: import once, then fork a child per request."""
-    import numpy  # noqa: F401  (imported once here, inherited by each child)
-    import torch
-    from . import function_exercise  # noqa: F401
-    torch.set_num_threads(1)
-    requests, protocol = sys.stdin.buffer, sys.stdout.buffer
-    protocol.write(b"ready\n")
-    protocol.flush()
-    for line in requests:               # one folder per line, until EOF
-        folder = Path(line.decode().strip())
-        pid = os.fork()
-        if pid == 0:                    # the child
-            try:
-                _child_main(folder)
-            finally:
-                os._exit(70)
-        protocol.write(f"pid {pid}\n".encode())
-        protocol.flush()
-        _, status = os.waitpid(pid, 0)
-        protocol.write(f"exit {pid} {status}\n".encode())
-        protocol.flush()
-
-
 def _child_main(folder: Path) -> None:
-    """In a fresh fork: leave the fork server's session and pipes, run
-    the request, write the result, exit."""
+    """Wait for the go, run the request, write the result, exit."""
     import numpy as np
     import torch
     from .function_exercise import time_limit as limit
-    os.setsid()                         # own process group, killed as one
-    os.chdir(folder)
-    out = os.open(folder / "output.txt",
-                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(out, 1)                     # prints go to output.txt ...
-    os.dup2(out, 2)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # ... the protocol is gone
+    protocol = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)                       # prints go to output.txt
+    torch.set_num_threads(1)
     try:
         import resource
         used = _address_space()
@@ -530,6 +441,10 @@ def _child_main(folder: Path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
     except (ImportError, ValueError, OSError):
         pass
+    protocol.write(b"ready\n")
+    protocol.flush()
+    if sys.stdin.readline().strip() != "go":
+        os._exit(0)
     request = torch.load(folder / "request.pt", weights_only=False)
     seconds = request["time_limit"]
     result: dict[str, Any] = {"setup": None, "results": []}
@@ -567,10 +482,9 @@ def _child_main(folder: Path) -> None:
                               "message": "the result is too large to pass "
                                          "back"}, "results": []},
                    folder / "result.pt")
-    try:
-        sys.stdout.flush()
-    except BaseException:
-        pass
+    sys.stdout.flush()
+    protocol.write(b"done\n")
+    protocol.flush()
     os._exit(0)                         # threads the code started end too
 
 
@@ -587,4 +501,4 @@ def _address_space() -> int:
 
 
 if __name__ == "__main__":
-    _zygote_main()
+    _child_main(Path(sys.argv[1]))
