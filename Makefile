@@ -179,6 +179,7 @@ bench: $(STAMP)
 checkpoints: $(STAMP)
 	$(BIN)/python scripts/train_char_lm.py
 	$(BIN)/python scripts/save_synthetic_lm.py
+	$(BIN)/python scripts/run_experiments.py
 
 # Mutation testing with mutmut (config: [tool.mutmut] in pyproject.toml;
 # results: benchmarks/mutation.md). The core modules live in ONE place,

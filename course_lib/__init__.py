@@ -53,7 +53,9 @@ CHAPTERS: dict[int, dict[str, str]] = {
                            "lengths",
         "experiments.sequential_cost": "the recurrence's sequential steps "
                                        "timed against one attention",
-        "experiments.recall": "the recall task, RNN against attention"},
+        "experiments.recall": "the recall task, RNN against attention",
+        "experiments.sweeps": "seeded sweeps: stored results, mean and "
+                              "range over seeds"},
     2: {"model.sinusoidal": "the frequencies and the sinusoidal table",
         "model.rope": "rotary embeddings: apply_rope, RotaryEmbedding",
         "model.alibi": "ALiBi: per-head slopes and the causal distance bias",
