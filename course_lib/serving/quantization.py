@@ -311,7 +311,29 @@ def dequantize_q4_1(packed: torch.Tensor, d: torch.Tensor,
 
 # ------------------------------------------------------------ the layers
 
-class WeightOnlyInt8Linear(nn.Module):
+class _WeightOnlyLinear(nn.Module):
+    """What the int8 and the 4-bit layers share: the float32 path
+    (dequantize $\hat W$, then ``F.linear``) and the kernel path (the
+    subclass's ``_kernel_mm`` on bfloat16 activations, the bias added in
+    float32). A subclass sets ``in_features``, ``out_features``,
+    ``kernel`` and the ``bias`` buffer, and defines ``dequantize`` and
+    ``_kernel_mm``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (..., K) -> (..., N), in ``x``'s dtype."""
+        _check_input(x, self.in_features)
+        if not self.kernel:
+            return F.linear(x, self.dequantize().to(x.dtype),
+                            None if self.bias is None
+                            else self.bias.to(x.dtype))       # (..., N)
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        y = self._kernel_mm(x2)                               # (BT, N) fp32
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+class WeightOnlyInt8Linear(_WeightOnlyLinear):
     r"""``nn.Linear`` with int8 weights: $y = x\,\hat W^\top + b$,
     $\hat W = s\,q$ (:func:`quantize_weight_int8`).
 
@@ -370,20 +392,11 @@ class WeightOnlyInt8Linear(nn.Module):
         return sum(t.nbytes for t in (self.weight, self.scales, self.bias)
                    if t is not None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (..., K) -> (..., N), in ``x``'s dtype."""
-        _check_input(x, self.in_features)
-        if not self.kernel:
-            return F.linear(x, self.dequantize().to(x.dtype),
-                            None if self.bias is None
-                            else self.bias.to(x.dtype))       # (..., N)
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        # (BT, K) bf16; sum_i x_i q_oi read from int8, fp32 sums -> bf16
+    def _kernel_mm(self, x2: torch.Tensor) -> torch.Tensor:
+        """(BT, K) bf16 -> (BT, N) float32: $\sum_i x_i q_{oi}$ read from
+        int8 (fp32 sums, bf16 out), times the float32 scales."""
         y = torch._weight_int8pack_mm(x2, self.weight, self._ones)
-        y = y.float() * self.scales                           # (BT, N)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y.float() * self.scales                        # (BT, N)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features="
@@ -391,7 +404,7 @@ class WeightOnlyInt8Linear(nn.Module):
                 f"kernel={self.kernel}")
 
 
-class WeightOnlyInt4Linear(nn.Module):
+class WeightOnlyInt4Linear(_WeightOnlyLinear):
     r"""``nn.Linear`` with 4-bit weights, Q4_1 per group of $G$ input
     weights (:func:`quantize_weight_q4_1`): $y = x\,\hat W^\top + b$.
 
@@ -482,21 +495,12 @@ class WeightOnlyInt4Linear(nn.Module):
         return sum(getattr(self, n).nbytes for n in names
                    if getattr(self, n) is not None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (..., K) -> (..., N), in ``x``'s dtype."""
-        _check_input(x, self.in_features)
-        if not self.kernel:
-            return F.linear(x, self.dequantize().to(x.dtype),
-                            None if self.bias is None
-                            else self.bias.to(x.dtype))       # (..., N)
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        # (BT, K) bf16 @ ((q - 8) scale + zero)^T, fp32 sums -> bf16
-        y = torch._weight_int4pack_mm_for_cpu(
+    def _kernel_mm(self, x2: torch.Tensor) -> torch.Tensor:
+        """(BT, K) bf16 -> (BT, N) float32: $x\,((q - 8)\,\text{scale} +
+        \text{zero})^\top$ (fp32 sums, bf16 out)."""
+        return torch._weight_int4pack_mm_for_cpu(
             x2, self.weight, self.group_size,
             self.scales_and_zeros).float()                    # (BT, N)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features="
