@@ -40,3 +40,16 @@ def book_texts(cell_type: str | None = None):
                 yield f"{path.name} cell {i}", "".join(cell["source"])
     for path in sorted(BOOK.glob("*.md")):
         yield path.name, path.read_text()
+
+
+def assert_mistake_caught(exercise, function, named: str | None) -> None:
+    """A learner's wrong ``function`` fails ``exercise``'s check with
+    feedback on a case, never a traceback, and names the mistake
+    (``named``, a phrase of its message) when the exercise diagnoses it."""
+    feedback = exercise.check(function)
+    assert not feedback.correct
+    assert "Case" in feedback.message and "Traceback" not in \
+        feedback.message, feedback.message
+    if named:
+        assert "Likely mistake" in feedback.message and named in \
+            feedback.message, feedback.message

@@ -17,7 +17,8 @@ from course_lib.pretrained import requantize
 from course_lib.pretrained.gguf_file import dequantize_q4_1_block
 from course_lib.pretrained.requantize import q4_0_roundtrip
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    assert_mistake_caught, exercise_cell, run_exercise_cell, model_solution)
 
 
 def _function(source):
@@ -65,13 +66,8 @@ def test_solution_passes(q41_exercise):
 def test_usual_mistakes_fail_with_feedback(q41_exercise, old, new, named):
     exercise, solution = q41_exercise
     assert old in solution
-    feedback = exercise.check(_function(solution.replace(old, new)))
-    assert not feedback.correct
-    assert "Case" in feedback.message and "Traceback" not in \
-        feedback.message
-    if named:
-        assert "Likely mistake" in feedback.message and named in \
-            feedback.message
+    assert_mistake_caught(exercise, _function(solution.replace(old, new)),
+                          named)
 
 
 def test_reference_decodes_like_the_chapters_block_decoder():

@@ -14,7 +14,8 @@ from course_lib.distributed import expert_parallel
 from course_lib.distributed.expert_parallel import ExpertParallelStats
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    assert_mistake_caught, exercise_cell, run_exercise_cell, model_solution)
 
 
 def _function(source):
@@ -63,13 +64,8 @@ def test_solution_passes(ep_exercise):
 def test_usual_mistakes_fail_with_feedback(ep_exercise, old, new, named):
     exercise, solution = ep_exercise
     assert old in solution
-    feedback = exercise.check(_function(solution.replace(old, new)))
-    assert not feedback.correct
-    assert "Case" in feedback.message and "Traceback" not in \
-        feedback.message
-    if named:
-        assert "Likely mistake" in feedback.message and named in \
-            feedback.message
+    assert_mistake_caught(exercise, _function(solution.replace(old, new)),
+                          named)
 
 
 def test_reference_agrees_with_the_moe_layers_byte_counters():

@@ -16,7 +16,8 @@ import torch
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 from course_lib.serving.speculative_decoding import PromptLookup
 
-from notebook_support import exercise_cell, model_solution, run_exercise_cell
+from notebook_support import (
+    assert_mistake_caught, exercise_cell, model_solution, run_exercise_cell)
 
 
 def _function(source):
@@ -102,10 +103,5 @@ def test_every_diagnosed_mistake_shows_on_some_case(lookup_exercise):
 def test_usual_mistakes_fail_with_feedback(lookup_exercise, old, new, named):
     exercise, solution = lookup_exercise
     assert old in solution
-    feedback = exercise.check(_function(solution.replace(old, new)))
-    assert not feedback.correct
-    assert "Case" in feedback.message and "Traceback" not in \
-        feedback.message
-    if named:
-        assert "Likely mistake" in feedback.message and named in \
-            feedback.message
+    assert_mistake_caught(exercise, _function(solution.replace(old, new)),
+                          named)
