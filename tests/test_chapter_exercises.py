@@ -14,7 +14,7 @@ import torch
 from course_lib.notebook.function_exercise import FunctionExercise
 from course_lib.model.routing import DeepSeekV3Router, deepseek_v3_gates
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, learner_function
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,8 @@ def test_solution_passes(v3_exercise):
 def test_usual_mistakes_fail_with_feedback(v3_exercise, old, new):
     _, exercise, solution = v3_exercise
     assert old in solution
-    feedback = exercise.check(solution.replace(old, new))
+    feedback = exercise.check(learner_function(exercise,
+                                               solution.replace(old, new)))
     assert not feedback.correct
     assert "expected" in feedback.message and "Traceback" not in \
         feedback.message

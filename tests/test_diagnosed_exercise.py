@@ -19,7 +19,7 @@ from course_lib.model import block
 from course_lib import training
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell
+from notebook_support import exercise_cell, learner_function
 
 
 def load_exercise(notebook: str, key: str, namespace: dict):
@@ -151,8 +151,8 @@ BITS_MISTAKES = [
 def test_bits_usual_mistakes_get_their_hint(bits, old, new, hint):
     _, ex, solution = bits
     assert old in solution
-    assert_feedback(ex.check(solution.replace(old, new)), "Case",
-                    "Likely mistake", hint)
+    assert_feedback(ex.check(learner_function(ex, solution.replace(old, new))),
+                    "Case", "Likely mistake", hint)
 
 
 def test_bits_wrong_axis_gets_its_hint(bits):
@@ -247,8 +247,8 @@ RMS_MISTAKES = [
 def test_rms_usual_mistakes_get_their_hint(rms, old, new, hint):
     _, ex, solution = rms
     assert old in solution
-    assert_feedback(ex.check(solution.replace(old, new)), "Case",
-                    "Likely mistake", hint)
+    assert_feedback(ex.check(learner_function(ex, solution.replace(old, new))),
+                    "Case", "Likely mistake", hint)
 
 
 def test_rms_layernorm_gets_its_hint(rms):

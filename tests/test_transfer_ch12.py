@@ -9,7 +9,8 @@ from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 from course_lib.sizing import params
 from course_lib.sizing.configs import MIXTRAL_8X7B
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    exercise_cell, learner_function, model_solution, run_exercise_cell)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,6 @@ def test_usual_mistakes_fail_with_their_feedback(namespace, old, new, names):
     ex = namespace["EXERCISE"]
     code = solution(ex)
     assert old in code
-    fb = ex.check(code.replace(old, new))
+    fb = ex.check(learner_function(ex, code.replace(old, new)))
     assert not fb.correct and names in fb.message, fb.message
     assert "Traceback" not in fb.message
