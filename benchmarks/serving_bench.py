@@ -80,25 +80,28 @@ def chat_prompts(tok, system: str | None = None) -> list[torch.Tensor]:
             for m in msgs]
 
 
-def _one_at_a_time(model, prompts):
+def _one_at_a_time(model, prompts, new_tokens):
     from course_lib.generation.sampling import generate
-    return [generate(model, p, NEW_TOKENS, temperature=0.0, use_cache=True)
+    return [generate(model, p, new_tokens, temperature=0.0, use_cache=True)
             for p in prompts]
 
 
-def speed_rows(model, prompts) -> list[str]:
+def speed_rows(model, prompts, new_tokens=None,
+               batches=(1, 2, 4, 8)) -> list[str]:
     """Interleaved timing of every mode; the table."""
     from course_lib.serving.continuous_batching import batch_generate
+    n_new = new_tokens or NEW_TOKENS
     modes = {"one at a time (`generate`, cached)":
-             lambda: _one_at_a_time(model, prompts)}
-    for b in (1, 2, 4, 8):
+             lambda: _one_at_a_time(model, prompts, n_new)}
+    for b in batches:
         modes[f"`batch_generate`, max_batch {b}"] = (
-            lambda b=b: batch_generate(model, prompts, NEW_TOKENS,
+            lambda b=b: batch_generate(model, prompts, n_new,
                                        block_size=BLOCK_SIZE, max_batch=b))
-    modes["`batch_generate`, max_batch 8, no prefix caching"] = (
-        lambda: batch_generate(model, prompts, NEW_TOKENS,
-                               block_size=BLOCK_SIZE, max_batch=8,
-                               prefix_caching=False))
+    if len(batches) > 1:
+        modes["`batch_generate`, max_batch 8, no prefix caching"] = (
+            lambda: batch_generate(model, prompts, n_new,
+                                   block_size=BLOCK_SIZE, max_batch=8,
+                                   prefix_caching=False))
     times = {m: [] for m in modes}
     want, equal = None, {m: True for m in modes}
     for _ in range(REPEATS):
@@ -108,7 +111,7 @@ def speed_rows(model, prompts) -> list[str]:
             times[name].append(time.perf_counter() - start)
             want = want or out
             equal[name] &= all(torch.equal(a, b) for a, b in zip(out, want))
-    n = NEW_TOKENS * len(prompts)
+    n = n_new * len(prompts)
     base = list(modes)[0]
     rows = ["| mode | tok/s (best) | tok/s (median) | speed-up (best) | "
             "speed-up (median) | tokens equal |",
@@ -250,8 +253,11 @@ def rows() -> list[str]:
         f"tokens, {NEW_TOKENS} greedy new tokens each, block size "
         f"{BLOCK_SIZE}, one thread (both `generate` and `batch_generate` "
         f"run under small_ops); load average {load:.2f} at the start.", ""
-    ] + speed_rows(model, prompts) + [""] + profile_rows(model, prompts) \
-        + [""] + memory_rows(model, tok)
+    ] + speed_rows(model, prompts) + [
+        "", f"The same with {2 * NEW_TOKENS} new tokens per request (the "
+        f"prefill, the same in every mode, is then a smaller part of the "
+        f"run):", ""] + speed_rows(model, prompts, 2 * NEW_TOKENS, (8,)) + [""] \
+        + profile_rows(model, prompts) + [""] + memory_rows(model, tok)
 
 
 def main() -> None:
@@ -271,6 +277,8 @@ def main() -> None:
           f"and `batch_generate` both run on one thread (small_ops); "
           f"load average {load} at the start.\n")
     print("\n".join(speed_rows(model, prompts)))
+    print(f"\nWith {2 * NEW_TOKENS} new tokens:\n")
+    print("\n".join(speed_rows(model, prompts, 2 * NEW_TOKENS, (8,))))
     print()
     print("\n".join(profile_rows(model, prompts)))
     print()

@@ -134,8 +134,45 @@ def test_prefix_blocks_are_shared_and_counted_once():
     cache.free_sequence(0)
     assert cache.num_used_blocks == 3 and len(cache.cached_blocks) == 2
     cache.free_sequence(1)
-    assert cache.num_free_blocks == 12 and not cache.cached_blocks
+    assert cache.num_free_blocks == 12 and len(cache.cached_blocks) == 2
     assert cache.block_tables == {} and cache.allocator.ref_counts == [0] * 12
+
+
+def test_freed_prefix_blocks_are_reused_until_evicted_least_recent_first():
+    """A finished sequence's cached prefix blocks stay on the free list
+    with their keys and values: a later prompt with that prefix takes them
+    back (same rows); allocation hands out the oldest-freed block first
+    and drops a cached block from the prefix table when it reuses it."""
+    cfg = gqa_config()
+    cache = PagedKVCache(cfg, 6, 4)
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.arange(9)                    # 2 full blocks + 1
+    cache.add_sequence(0, prompt)
+    write(cache, [0], 9, g)
+    cache.cache_blocks(0, prompt)
+    first = cache.block_table(0)                # [0, 1, 2]
+    k0, v0, _ = cache.gather([0], 1)
+    cache.free_sequence(0)
+    assert list(cache.allocator.free_blocks) == [3, 4, 5, 0, 1, 2]
+    assert cache.num_cached_blocks(prompt) == 2
+    assert cache.num_cached_blocks(prompt, free_only=True) == 2
+    # the same prefix later: blocks 0 and 1 come back off the free list
+    assert cache.add_sequence(1, torch.cat([prompt[:8], torch.tensor([30])]))\
+        == 8
+    assert cache.block_table(1) == first[:2] and cache.num_free_blocks == 4
+    k1, v1, _ = cache.gather([1], 1)
+    assert torch.equal(k1, k0[:, :, :8]) and torch.equal(v1, v0[:, :, :8])
+    cache.free_sequence(1)
+    # four blocks for another sequence: 3, 4, 5 (never cached), then 2,
+    # the least recently freed; blocks 0 and 1 stay cached
+    cache.add_sequence(2)
+    write(cache, [2], 16, g)
+    assert cache.block_table(2) == [3, 4, 5, 2]
+    assert cache.num_cached_blocks(prompt) == 2
+    cache.add_sequence(3)
+    write(cache, [3], 5, g)                     # evicts 0, then 1
+    assert cache.block_table(3) == [0, 1]
+    assert not cache.cached_blocks and cache.num_cached_blocks(prompt) == 0
 
 
 def test_fork_copies_a_shared_partial_block_on_write():

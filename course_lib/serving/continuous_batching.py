@@ -48,7 +48,10 @@ add_sequence`), rather than asking the caller to declare a shared
 prefix. Requests need not know what they share (a system prompt, the
 earlier turns of a chat, a few-shot header), any common run of full
 blocks is found, and the tokens are the same either way; the price is a
-dictionary lookup per full block of each prompt.
+dictionary lookup per full block of each prompt. A finished request's
+cached blocks stay findable on the free list until the allocator hands
+them out again, least recently freed first, so a request that arrives
+after the others with its system prompt have finished still skips it.
 
 A request that can never run (its prompt and new tokens beyond the
 model's context, or more blocks than the pool has) is rejected when it is
@@ -276,9 +279,11 @@ class Scheduler:
         ids = req.token_ids()
         stored = min(ids.numel() + 1,
                      req.prompt_ids.numel() + req.max_new_tokens - 1)
-        shared = (self.cache.num_cached_blocks(ids)
-                  if self.prefix_caching else 0)
-        need = -(-stored // self.cache.block_size) - shared
+        shared, revived = ((self.cache.num_cached_blocks(ids),
+                            self.cache.num_cached_blocks(ids, free_only=True))
+                           if self.prefix_caching else (0, 0))
+        # new blocks, and the cached ones taken back off the free list
+        need = -(-stored // self.cache.block_size) - shared + revived
         return need + self._blocks_for_next_token() <= \
             self.cache.num_free_blocks
 

@@ -39,7 +39,13 @@ reference count per block. Several sequences may reference one block:
   receive the next token of each: it is **copied on write**, when one of
   them first appends to it while another still references it.
 
-A block returns to the free list when its count drops to 0.
+A block returns to the free list when its count drops to 0. A cached
+prefix block keeps its keys, values and entry in the prefix table there:
+until the allocator hands it out again, a later prompt with the same
+prefix takes it back from the free list (a request that arrives after
+the ones that shared its system prompt have finished still finds it).
+The free list is a queue: blocks are handed out oldest-freed first, so
+the cached block evicted is the least recently used (vLLM's evictor).
 
 The attention kernel of vLLM reads the blocks in place. Here
 :class:`PagedStepCache` presents the paged cache to the course's
@@ -93,7 +99,9 @@ class BlockAllocator:
     :meth:`allocate` takes the block at the head of the free list with
     count 1; :meth:`fork` adds a reference to a block in use; :meth:`free`
     drops one, and a block whose count reaches 0 goes back to the end of
-    the free list. At all times
+    the free list; :meth:`reuse` takes one particular block off the free
+    list (a cached prefix block, still holding its keys and values). At
+    all times
 
     $$\text{num\_free} + \text{num\_used} = N, \qquad
     \text{num\_used} = |\{j : \text{ref}_j > 0\}|.$$
@@ -131,6 +139,12 @@ class BlockAllocator:
     def fork(self, block: int) -> int:
         """One more sequence references ``block`` (in use); returns it."""
         self.ref_counts[block] += 1
+        return block
+
+    def reuse(self, block: int) -> int:
+        """Take ``block``, a free one, off the free list (count 1)."""
+        self.free_blocks.remove(block)
+        self.ref_counts[block] = 1
         return block
 
     def free(self, block: int) -> bool:
@@ -196,7 +210,8 @@ class PagedKVCache:
         self.block_tables: dict[int, list[int]] = {}
         self.seq_lens: dict[int, int] = {}
         # prefix caching: the token prefix ending a full block -> that
-        # block, and back (blocks leave the table when they are freed)
+        # block, and back (a freed block stays in the table until it is
+        # allocated again)
         self.cached_blocks: dict[tuple[int, ...], int] = {}
         self._prefix_of: dict[int, tuple[int, ...]] = {}
 
@@ -256,21 +271,27 @@ class PagedKVCache:
             ids = tuple(token_ids.reshape(-1).tolist())
             for i in range(self.num_cached_blocks(token_ids)):
                 block = self.cached_blocks[ids[:(i + 1) * self.block_size]]
-                table.append(self.allocator.fork(block))
+                table.append(self.allocator.fork(block)
+                             if self.allocator.ref_counts[block]
+                             else self.allocator.reuse(block))
         self.block_tables[seq_id] = table
         self.seq_lens[seq_id] = len(table) * self.block_size
         return self.seq_lens[seq_id]
 
-    def num_cached_blocks(self, token_ids: torch.Tensor) -> int:
+    def num_cached_blocks(self, token_ids: torch.Tensor, *,
+                          free_only: bool = False) -> int:
         """How many leading full blocks of a prompt ``token_ids`` are
         cached (at most ``(T0 - 1) // block_size``): what
-        :meth:`add_sequence` would reuse."""
+        :meth:`add_sequence` would reuse. ``free_only``: count only those
+        no sequence references, which reusing takes off the free list."""
         ids = tuple(token_ids.reshape(-1).tolist())
-        b, n = self.block_size, 0
+        b, n, free = self.block_size, 0, 0
         while n < (len(ids) - 1) // b and \
                 ids[:(n + 1) * b] in self.cached_blocks:
+            free += not self.allocator.ref_counts[
+                self.cached_blocks[ids[:(n + 1) * b]]]
             n += 1
-        return n
+        return free if free_only else n
 
     def cache_blocks(self, seq_id: int, token_ids: torch.Tensor) -> None:
         """Register the sequence's full blocks, whose keys and values are
@@ -296,11 +317,19 @@ class PagedKVCache:
 
     def free_sequence(self, seq_id: int) -> None:
         """Drop the sequence's references; blocks no one references go
-        back to the free list (and out of the prefix table)."""
+        back to the free list. Cached prefix blocks stay in the prefix
+        table until they are allocated again (:meth:`_allocate`)."""
         for block in self.block_tables.pop(seq_id):
-            if self.allocator.free(block) and block in self._prefix_of:
-                del self.cached_blocks[self._prefix_of.pop(block)]
+            self.allocator.free(block)
         del self.seq_lens[seq_id]
+
+    def _allocate(self) -> int:
+        """A block from the free list, evicted from the prefix table if
+        it was a cached one (its keys and values will be overwritten)."""
+        block = self.allocator.allocate()
+        if block in self._prefix_of:
+            del self.cached_blocks[self._prefix_of.pop(block)]
+        return block
 
     def blocks_needed(self, seq_id: int, n: int) -> int:
         """New blocks that appending ``n`` positions to the sequence takes:
@@ -327,13 +356,13 @@ class PagedKVCache:
         table, start = self.block_tables[seq_id], self.seq_lens[seq_id]
         b = self.block_size
         if n and start % b and self.allocator.ref_counts[table[-1]] > 1:
-            old, new = table[-1], self.allocator.allocate()
+            old, new = table[-1], self._allocate()
             for pool in self.key_caches + self.value_caches:
                 pool[new] = pool[old]                        # (b, G, d_k)
             self.allocator.free(old)
             table[-1] = new
         while len(table) < _num_blocks(start + n, b):
-            table.append(self.allocator.allocate())
+            table.append(self._allocate())
         self.seq_lens[seq_id] = start + n
         p = torch.arange(start, start + n)                   # (n,)
         blocks = torch.tensor(table, dtype=torch.long)[p // b]
