@@ -53,14 +53,20 @@ CHAPTERS: dict[int, dict[str, str]] = {
                            "lengths",
         "experiments.sequential_cost": "the recurrence's sequential steps "
                                        "timed against one attention",
-        "experiments.recall": "the recall task, RNN against attention",
+        "experiments.recall": "the recall task by position and by "
+                              "content, RNN against attention",
         "experiments.sweeps": "seeded sweeps: stored results, mean and "
-                              "range over seeds"},
+                              "range over seeds",
+        "experiments.seq2seq_bottleneck": "a tiny translator with and "
+                                          "without attention"},
     2: {"model.sinusoidal": "the frequencies and the sinusoidal table",
         "model.rope": "rotary embeddings: apply_rope, RotaryEmbedding",
         "model.alibi": "ALiBi: per-head slopes and the causal distance bias",
         "experiments.position_probes": "the rotation identity, offset dot "
-                                       "products, clock hands"},
+                                       "products, clock hands",
+        "experiments.length_extrapolation": "five position schemes "
+                                            "trained at one length, tested "
+                                            "at longer ones"},
     3: {"model.attention": "scaled dot-product attention, explicit and "
                            "fused",
         "model.online_softmax": "attention by blocks of keys with a "
@@ -69,18 +75,26 @@ CHAPTERS: dict[int, dict[str, str]] = {
                                      "softmax Jacobian, saturation",
         "experiments.attention_cost": "the bytes of the L x L weights, "
                                       "explicit against fused timed, "
-                                      "peak memory profiled"},
+                                      "peak memory profiled",
+        "experiments.scale_training": "training with and without the "
+                                      "1/sqrt(d_k) scale"},
     4: {"model.masks": "causal, sliding-window, padding and additive "
                        "masks",
         "experiments.mask_probes": "next-token pairs, influence matrices, "
-                                   "mask plots"},
+                                   "mask plots",
+        "tasks.packing": "several documents in one row: positions and a "
+                         "block-diagonal mask",
+        "experiments.mask_cost": "what a mask costs in time"},
     5: {"model.mha": "multi-head attention with GQA/MQA; split, merge and "
                      "repeat heads",
         "tasks.special_tokens": "PAD, BOS and EOS of the synthetic tasks",
         "experiments.head_analysis": "a small model whose heads can be "
                                      "read",
         "experiments.head_circuits": "the QK and OV circuits of a head",
-        "experiments.head_roles": "role scores of heads on real text"},
+        "experiments.head_roles": "role scores of heads on real text",
+        "experiments.gqa_quality": "MHA, GQA and MQA trained on the same "
+                                   "task; MHA to GQA by mean-pooling; "
+                                   "heads timed"},
     6: {"model.block": "FFN, SwiGLU, LayerNorm/RMSNorm and the pre-norm "
                        "decoder block",
         "model.qk_norm": "QK-norm: RMSNorm on each head's queries and "
@@ -90,26 +104,35 @@ CHAPTERS: dict[int, dict[str, str]] = {
         "model.decoder_lm": "a GPT-2/Llama decoder-only language model",
         "experiments.block_stats": "residuals, norm placement and init in "
                                    "deep stacks: gradients, stream RMS, a "
-                                   "plain against a residual training run"},
+                                   "plain against a residual training run",
+        "experiments.block_variants": "init over seeds; parallel, "
+                                      "bias-free, QK-norm and sandwich "
+                                      "blocks trained and timed"},
     7: {"training": "the training loop, schedule, checkpoints",
         "tasks.translation_task": "a toy translation with a known answer",
         "tasks.markov": "a synthetic language with an exact entropy rate",
         "tasks.text_corpus": "Python's reference manual as text, a "
                              "character vocabulary",
         "tasks.char_lm": "the committed character model of that text",
-        "tasks.ngram": "count-based n-gram baselines"},
+        "tasks.ngram": "count-based n-gram baselines",
+        "experiments.warmup_sweep": "learning rates with and without "
+                                    "warmup; a diverging run",
+        "experiments.smollm2_finetune": "a few steps of fine-tuning "
+                                        "SmolLM2 on the manual"},
     8: {"generation.sampling": "temperature, top-k, top-p, min-p; "
                                "sampling and generation",
         "generation.penalties": "repetition, frequency and presence "
                                 "penalties; no repeated n-grams",
         "generation.beam_search": "beam search with length "
-                                  "normalisation",
+                                  "normalisation; several prompts as "
+                                  "one cached batch",
         "generation.speculative": "the acceptance step of speculative "
                                   "decoding"},
     9: {"model.kv_cache": "the KV cache, per layer and per model",
         "generation.decoding": "cached generation, prefix reuse, prefill "
                                "against decode",
         "sizing.kv_cache_size": "the bytes of a KV cache from a config",
+        "sizing.capacity": "how many sequences fit on one device",
         "generation.ragged": "batched generation of prompts of different "
                              "lengths: left padding, per-row positions",
         "model.kv_quant": "int8 quantisation of cached keys and values",
@@ -118,11 +141,15 @@ CHAPTERS: dict[int, dict[str, str]] = {
     10: {"model.yarn": "YaRN: the RoPE correction of a long context",
          "model.mla": "multi-head latent attention, explicit and absorbed",
          "pretrained.fp8_blocks": "FP8 weights with one scale per "
-                                  "128 x 128 block"},
+                                  "128 x 128 block",
+         "experiments.attention_variants": "MHA, GQA, MQA and MLA trained "
+                                           "at a matched cache size"},
     11: {"model.routing": "top-k and DeepSeek-V3 routers",
          "model.load_balancing": "expert load, auxiliary loss, bias "
                                  "update",
-         "model.moe": "the mixture-of-experts layer"},
+         "model.moe": "the mixture-of-experts layer",
+         "experiments.moe_vs_dense": "an MoE against dense models of its "
+                                     "active and total width"},
     12: {"sizing.configs": "ModelConfig and the published configurations",
          "sizing.params": "parameter counts, total and active; weight "
                           "bytes",

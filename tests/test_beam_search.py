@@ -1,5 +1,6 @@
 """Tests for course_lib.generation.beam_search (chapter 8): beam search against greedy
-decoding and against a brute-force search over every continuation."""
+decoding and against a brute-force search over every continuation; the
+batched search against the one-prompt search, prompt by prompt."""
 import itertools
 import math
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from course_lib.generation import sampling
-from course_lib.generation.beam_search import (Beam, beam_search,
+from course_lib.generation.beam_search import (Beam, batch_beam_search,
+                                               beam_search,
                                                length_penalty_factor)
 from course_lib.model.decoder_lm import DecoderLM, DecoderLMConfig
 from errors import error_for
@@ -191,3 +193,83 @@ def test_bad_prompt_raises():
     with pytest.raises(TypeError, match="prompt_ids"):
         beam_search(tiny_lm(5, 0), torch.tensor([1.0]), beam_width=2,
                     max_new_tokens=2)
+
+
+# ------------------------------------------------- several prompts at once
+class ForcedEos(torch.nn.Module):
+    """A DecoderLM whose next token after ``trigger`` can only be
+    ``eos``: a prompt ending in it has nothing but finished candidates."""
+
+    def __init__(self, lm: DecoderLM, trigger: int, eos: int):
+        super().__init__()
+        self.lm, self.config = lm, lm.config
+        self.trigger, self.eos = trigger, eos
+
+    def forward(self, idx, positions=None, **kwargs):
+        logits = self.lm(idx, positions, **kwargs)          # (B, T, V)
+        forced = torch.full_like(logits[0, 0], float("-inf"))
+        forced[self.eos] = 0.0
+        return torch.where((idx == self.trigger)[..., None], forced, logits)
+
+
+PROMPTS = [[1, 4, 2], [3], [5, 1, 1, 2, 6, 4], [0, 2]]
+
+
+def assert_same_beams(batched, single):
+    assert len(batched) == len(single)
+    for got, want in zip(batched, single):
+        assert torch.equal(got.ids, want.ids)
+        assert got.log_prob == pytest.approx(want.log_prob, abs=1e-5)
+        assert got.score == pytest.approx(want.score, abs=1e-5)
+
+
+@pytest.mark.parametrize("seed, width, eos, alpha", [
+    (0, 1, None, 0.0), (1, 3, None, 0.0), (0, 4, 0, 0.0), (1, 4, 0, 1.5),
+    (0, 7, 0, 0.6)])
+def test_batched_equals_one_prompt_at_a_time(seed, width, eos, alpha):
+    """Prompts of lengths 3, 1, 6, 2 in one padded batch with a KV cache:
+    each prompt's beams are those of beam_search on it alone (no cache)."""
+    model = tiny_lm(7, seed)
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    kw = dict(beam_width=width, max_new_tokens=9, eos_id=eos,
+              length_penalty=alpha)
+    batched = batch_beam_search(model, prompts, pad_token_id=6, **kw)
+    assert len(batched) == len(prompts)
+    for prompt, beams in zip(prompts, batched):
+        assert_same_beams(beams, beam_search(model, prompt, **kw))
+    if eos is not None and alpha == 0:   # some hypotheses ended early
+        assert any(len(b.ids) < len(p) + 9
+                   for p, beams in zip(prompts, batched) for b in beams)
+
+
+def test_batched_when_a_prompt_can_only_end():
+    """After token 3 only the end token 0 is possible: the prompt [3]
+    finishes at its first step while the others go on."""
+    model = ForcedEos(tiny_lm(7, 2), trigger=3, eos=0).eval()
+    prompts = [torch.tensor(p) for p in PROMPTS]
+    kw = dict(beam_width=3, max_new_tokens=6, eos_id=0)
+    batched = batch_beam_search(model, prompts, **kw)
+    assert [b.ids.tolist() for b in batched[1]] == [[3, 0]]
+    for prompt, beams in zip(prompts, batched):
+        assert_same_beams(beams, beam_search(model, prompt, **kw))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(beam_width=0), "beam_width"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=40), "longest prompt \\+ max_new_tokens"),
+    (dict(length_penalty=-0.5), "length_penalty"),
+    (dict(eos_id=5), "eos_id"),
+    (dict(pad_token_id=-1), "pad_token_id"),
+    (dict(prompts=[]), "prompts"),
+    (dict(prompts=[torch.tensor([[1, 2]])]), "prompts\\[0\\]"),
+    (dict(model=lambda ids: ids), "model must be a torch.nn.Module"),
+])
+def test_batched_bad_arguments_raise(kwargs, match):
+    args = dict(model=tiny_lm(5, 0), prompts=[torch.tensor([1, 2])],
+                beam_width=2, max_new_tokens=3) | kwargs
+    with pytest.raises(error_for(match), match=match):
+        batch_beam_search(**args)
+    with pytest.raises(TypeError, match="prompts must be a list"):
+        batch_beam_search(tiny_lm(5, 0), torch.tensor([1, 2]),
+                          beam_width=2, max_new_tokens=3)

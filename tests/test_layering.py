@@ -31,7 +31,7 @@ BUILDS_ON = {
     "generation": {"_util", "model", "sizing"},
     "tasks": {"_util", "model", "training", "generation"},
     "experiments": {"_util", "model", "training", "tasks", "generation",
-                    "sizing"},
+                    "sizing", "pretrained"},
     "pretrained": {"_util", "model", "sizing"},
     "distributed": {"_util", "model", "sizing"},
     "serving": {"_util", "model", "sizing", "generation", "pretrained"},

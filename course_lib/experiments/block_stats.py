@@ -17,6 +17,10 @@ in a short training run.
 - :func:`gpt2_like` and :func:`stream_rms`: the residual stream's RMS
   after every block of a GPT-2-style model, with and without the
   $0.02/\sqrt{2N}$ initialisation of the projections that write into it.
+- :func:`init_stats` and :func:`make_sweep`: the measurements at
+  initialisation above for one seed, and over the seeds 0-4
+  (``course_lib/data/experiments/block_stats.json``): an initialisation
+  is one draw, and its numbers vary with the seed.
 
 Shape letters: K copies of one batch (one per depth), B batch, T length,
 D = ``d_model``, V vocabulary.
@@ -32,6 +36,7 @@ from torch import nn
 from .._util.threads import small_ops
 from .._util.validation import (check_batch, check_bool, check_choice,
                                 check_int, check_type)
+from . import sweeps
 from ..model import block, decoder_lm, transformer
 from ..model.masks import causal_mask
 from ..model.mha import MultiHeadAttention
@@ -40,7 +45,8 @@ from ..training import History, next_token_loss, train
 
 __all__ = ["NORMS", "apply_sublayer", "ffn_stack_grads", "make_stack",
            "layer_stats", "StackLM", "train_stack", "gpt2_like",
-           "stream_rms"]
+           "stream_rms", "INIT_KINDS", "INIT_DEPTHS", "init_stats",
+           "make_sweep"]
 
 NORMS = ("none", "post", "pre")   # where a stack of sub-layers puts its norm
 
@@ -364,3 +370,60 @@ def stream_rms(n_layers: int = 24, *, scaled: bool,
     for hook in hooks:
         hook.remove()
     return rms
+
+
+# the measurements at initialisation that init_stats runs for one seed
+INIT_KINDS = ("plain_ffn", "residual_ffn", "post", "pre", "scaled",
+              "unscaled")
+INIT_DEPTHS = (1, 2, 4, 8, 16, 32)       # depths of the FFN stacks
+
+
+def init_stats(kind: str, *, seed: int) -> dict:
+    r"""One measurement at initialisation, for one seed.
+
+    - ``"plain_ffn"``, ``"residual_ffn"``: :func:`ffn_stack_grads` at the
+      depths :data:`INIT_DEPTHS` without norm; ``"input_grad"``: the
+      gradient norm at each stack's input.
+    - ``"post"``, ``"pre"``: :func:`layer_stats` at depths 6, 12, 24;
+      ``"grad_24"`` and ``"rms_24"``: each layer's parameter-gradient
+      norm and stream RMS in the 24-layer stack; ``"last_grad"``: the
+      last layer's gradient norm at each depth; ``"shrink"``: its ratio,
+      depth 24 over depth 6.
+    - ``"scaled"``, ``"unscaled"``: :func:`stream_rms` of 24 and 48
+      blocks with and without the $0.02/\sqrt{2N}$ init; ``"rms_24"``,
+      and ``"growth_24"``, ``"growth_48"``: RMS after the last block over
+      RMS after the first.
+
+    Args:
+        kind: one of :data:`INIT_KINDS`. seed: seed of the weights.
+    Returns:
+        a dict of floats and lists of floats.
+    """
+    check_choice("kind", kind, INIT_KINDS)
+    check_int("seed", seed, minimum=0)
+    if kind.endswith("_ffn"):
+        grads = ffn_stack_grads(INIT_DEPTHS, residual=kind == "residual_ffn",
+                                seed=seed)
+        return {"input_grad": [grads[n][0] for n in INIT_DEPTHS]}
+    if kind in ("post", "pre"):
+        stats = layer_stats(kind, (6, 12, 24), seed=seed)
+        last = [stats[n][0][-1] for n in (6, 12, 24)]
+        return {"grad_24": stats[24][0], "rms_24": stats[24][1],
+                "last_grad": last, "shrink": last[2] / last[0]}
+    r24 = stream_rms(24, scaled=kind == "scaled", seed=seed)
+    r48 = stream_rms(48, scaled=kind == "scaled", seed=seed)
+    return {"rms_24": r24, "growth_24": r24[-1] / r24[0],
+            "growth_48": r48[-1] / r48[0]}
+
+
+def make_sweep() -> sweeps.Sweep:
+    """:func:`init_stats` for every kind and the seeds 0-4."""
+    return sweeps.run_sweep(
+        "block_stats", init_stats, [{"kind": k} for k in INIT_KINDS],
+        seeds=range(5),
+        description="Gradients and residual-stream RMS at initialisation: "
+                    "FFN stacks with and without residuals, post- against "
+                    "pre-norm stacks, GPT-2's scaled init against all "
+                    "weights at 0.02; five initialisations each.",
+        meta={"ffn_depths": list(INIT_DEPTHS), "layer_depths": [6, 12, 24],
+              "d_model": 64})

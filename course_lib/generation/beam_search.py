@@ -28,7 +28,33 @@ $|y|^{\alpha}$ instead; both are monotone in $|y|$ for $\alpha > 0$.)
 Candidates in the beam are ranked by $\log P$, as in Hugging Face; the
 penalty only ranks the finished ones.
 
-Shape letters: W beam width, T sequence length, V vocabulary size.
+**Several prompts at once.** :func:`batch_beam_search` runs $B$ prompts
+in one model call per step: their beams are the $B \cdot W$ rows of one
+batch, row $b W + w$ holding beam $w$ of prompt $b$. Three things make
+each prompt's search the one :func:`beam_search` runs alone:
+
+* the prompts are left-padded to one length and an ``attention_mask``
+  hides the pad slots, with positions counted per row
+  (:mod:`course_lib.generation.ragged`, chapter 9);
+* a prompt with fewer than $W$ live beams (at the first step it has
+  one, the prompt itself) fills its other rows with *dead* beams of
+  log-probability $-\infty$, whose candidates are never chosen (Hugging
+  Face starts its beam scores at $0, -10^9, -10^9, \dots$ for the same
+  reason);
+* the candidates are ranked within each prompt: prompt $b$ chooses among
+  the $W \cdot V$ extensions of its own rows only.
+
+With the KV cache of chapter 9 a step feeds only the newest token of each
+row. The beams chosen at a step extend rows of the previous step in a
+new order (beam $w$ may continue old beam 2, beam 2 old beam 0), so the
+cache is reordered to follow them, every layer's $K$ and $V$ gathered
+along the batch axis by the source row ``beam_idx``, as Hugging Face's
+``Cache.reorder_cache`` does:
+
+$$K^{(l)}_{r,:,:,:} \leftarrow K^{(l)}_{\text{beam\_idx}[r],:,:,:}.$$
+
+Shape letters: B prompts, W beam width, T sequence length, S cached +
+new slots, V vocabulary size.
 """
 from __future__ import annotations
 
@@ -38,10 +64,12 @@ import torch
 import torch.nn.functional as F
 
 from .._util.threads import small_ops
-from .._util.validation import check_ids, check_int, check_real
+from .._util.validation import (check_attrs, check_ids, check_int,
+                                check_prompts, check_real, check_type)
 from .sampling import context_window, model_logits
 
-__all__ = ["Beam", "length_penalty_factor", "beam_search"]
+__all__ = ["Beam", "length_penalty_factor", "beam_search",
+           "batch_beam_search"]
 
 
 class Beam(NamedTuple):
@@ -164,3 +192,150 @@ def beam_search(model: torch.nn.Module, prompt_ids: torch.Tensor, *,
             model.train(was_training)
     finished.sort(key=lambda beam: -beam.score)               # stable
     return finished[:beam_width]
+
+
+def _reorder_cache(cache, beam_idx: torch.Tensor) -> None:
+    """Row r of every cached tensor becomes row ``beam_idx[r]`` (the beam
+    it continues): Hugging Face's ``Cache.reorder_cache``."""
+    for layer in cache.layers:
+        layer.tensors = tuple(t.index_select(0, beam_idx)
+                              for t in layer.tensors)  # (B*W, G, S, d_k)
+
+
+@torch.no_grad()
+@small_ops()  # small forwards, one per step: see course_lib._util.threads
+def batch_beam_search(model: torch.nn.Module, prompts: list[torch.Tensor],
+                      *, beam_width: int, max_new_tokens: int,
+                      length_penalty: float = 0.0, eos_id: int | None = None,
+                      pad_token_id: int = 0) -> list[list[Beam]]:
+    r""":func:`beam_search` for $B$ prompts of any lengths at once, with
+    a KV cache (see the module text).
+
+    The $B \cdot W$ beams are the rows of one left-padded batch. A prefill
+    call reads the prompts; then each step scores row $r$'s candidates
+    $\log P(\text{beam}_r) + \log p(v \mid \text{beam}_r)$, ranks the
+    $W \cdot V$ candidates of each prompt exactly as :func:`beam_search`
+    does (best first, ties by lower beam then lower token), keeps $W$ of
+    them, reorders the cache rows to the beams they extend and feeds
+    the $B \cdot W$ new tokens. Per prompt the result is that of
+    :func:`beam_search` on the prompt alone, up to the rounding of a
+    batched matrix product.
+
+    Args:
+        model: a :class:`~course_lib.model.decoder_lm.DecoderLM` (accepts
+            ``cache=`` and ``attention_mask=``, has a ``config``).
+        prompts: a non-empty list of B 1-D integer tensors ``(T0_b,)``.
+        beam_width: $W \ge 1$.
+        max_new_tokens: the longest continuation, an int $\ge 1$; the
+            longest prompt plus it must fit in
+            ``config.max_position_embeddings`` (a cache cannot slide).
+        length_penalty: $\alpha \ge 0$ of
+            $\mathrm{lp} = ((5 + n)/6)^\alpha$.
+        eos_id: ``None`` or the id of the end token.
+        pad_token_id: id written into the pad slots (masked out).
+
+    Returns:
+        B lists, one per prompt, of at most $W$ :class:`Beam` s sorted by
+        score, best first; each ``ids`` is the prompt without padding
+        followed by the new tokens.
+    """
+    check_prompts(prompts)
+    check_int("beam_width", beam_width, minimum=1)
+    check_int("max_new_tokens", max_new_tokens, minimum=1)
+    check_real("length_penalty", length_penalty, minimum=0)
+    check_type("model", model, torch.nn.Module, "a torch.nn.Module")
+    config = getattr(model, "config", None)
+    check_attrs("model.config", config, ("vocab_size", "num_hidden_layers",
+                                         "max_position_embeddings"),
+                "a DecoderLMConfig")
+    V = config.vocab_size
+    if eos_id is not None:
+        check_int("eos_id", eos_id, minimum=0, maximum=V - 1)
+    check_int("pad_token_id", pad_token_id, minimum=0, maximum=V - 1)
+    T0 = max(len(p) for p in prompts)
+    check_int("longest prompt + max_new_tokens", T0 + max_new_tokens,
+              minimum=1, maximum=config.max_position_embeddings)
+    from ..model.kv_cache import KVCache     # chapter 9's module
+    from .ragged import left_pad             # chapter 9's module
+
+    B, W = len(prompts), beam_width
+    ids, mask = left_pad(prompts, pad_token_id)              # (B, T0) each
+    ids = ids.repeat_interleave(W, dim=0)                    # (B*W, T0)
+    mask = mask.repeat_interleave(W, dim=0)                  # (B*W, T0)
+    # beam 0 of each prompt is live (log P = 0), the others dead (-inf)
+    beam_lp = torch.full((B, W), float("-inf"), dtype=torch.float64)
+    beam_lp[:, 0] = 0.0                                      # (B, W)
+    new = torch.zeros(B * W, 0, dtype=torch.long)            # (B*W, n)
+    finished: list[list[Beam]] = [[] for _ in range(B)]
+    done = [False] * B
+    cache = KVCache(config.num_hidden_layers,
+                    max_len=config.max_position_embeddings)
+
+    def finish(b: int, row_new: torch.Tensor, lp: float) -> None:
+        n = row_new.shape[0]
+        finished[b].append(Beam(torch.cat([prompts[b].long(), row_new]),
+                                lp, lp / length_penalty_factor(
+                                    n, length_penalty)))
+
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(ids, cache=cache, attention_mask=mask)  # prefill
+        for step in range(max_new_tokens):
+            # 1) log P(beam + v) for every row and token, per prompt
+            logp = F.log_softmax(logits[:, -1].double(), dim=-1)
+            cand = (beam_lp.reshape(-1, 1) + logp).reshape(B, W * V)
+            # 2) best first within each prompt; stable: ties by flat index
+            order = torch.sort(cand, dim=-1, descending=True,
+                               stable=True).indices          # (B, W*V)
+            beam_idx = torch.arange(B * W)                   # (B*W,)
+            next_tok = torch.full((B * W,), pad_token_id, dtype=torch.long)
+            next_lp = torch.full((B, W), float("-inf"), dtype=torch.float64)
+            for b in range(B):
+                if done[b]:
+                    continue
+                kept = 0
+                for flat in order[b].tolist():
+                    lp = cand[b, flat].item()
+                    if lp == float("-inf") or kept == W:
+                        break
+                    w, v = divmod(flat, V)
+                    src = b * W + w                          # its row
+                    # 3) an end token finishes a hypothesis
+                    if v == eos_id:
+                        finish(b, torch.cat([new[src], new.new_tensor([v])]),
+                               lp)
+                        continue
+                    beam_idx[b * W + kept] = src
+                    next_tok[b * W + kept] = v
+                    next_lp[b, kept] = lp
+                    kept += 1
+                # rows left over stay dead: they copy row b W, at -inf
+                beam_idx[b * W + kept:(b + 1) * W] = b * W
+                done[b] = kept == 0
+            if all(done):
+                break
+            beam_lp = next_lp
+            new = torch.cat([new[beam_idx], next_tok[:, None]],
+                            dim=1)                           # (B*W, n + 1)
+            if step + 1 == max_new_tokens:
+                break
+            # 4) the cache follows its beams; feed one token per row
+            _reorder_cache(cache, beam_idx)
+            mask = torch.cat([mask, torch.ones(B * W, 1, dtype=torch.bool)],
+                             dim=1)                          # (B*W, S + 1)
+            logits = model(next_tok[:, None], cache=cache,
+                           attention_mask=mask)              # (B*W, 1, V)
+        # 5) out of steps: the live beams of unfinished prompts end here
+        for b in range(B):
+            if done[b]:
+                continue
+            for w in range(W):
+                lp = beam_lp[b, w].item()
+                if lp > float("-inf"):
+                    finish(b, new[b * W + w], lp)
+    finally:
+        model.train(was_training)
+    for hyps in finished:
+        hyps.sort(key=lambda beam: -beam.score)              # stable
+    return [hyps[:W] for hyps in finished]

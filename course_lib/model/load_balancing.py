@@ -14,6 +14,10 @@ remedies, both measured in chapter 11:
 
 Both start from the load: token-slots per expert (:func:`expert_load`).
 
+A third loss keeps the router's numbers small rather than its load even:
+ST-MoE's **router z-loss** (:func:`router_z_loss`), the mean squared
+log-sum-exp of the router logits.
+
 Shape letters: N tokens, E experts, k experts per token, B and T as in
 the rest of the library (see the package docstring).
 """
@@ -22,9 +26,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._util.validation import check_int, check_real
+from .._util.validation import check_int, check_real, check_type
 
-__all__ = ["expert_load", "load_balancing_loss", "update_bias"]
+__all__ = ["expert_load", "load_balancing_loss", "router_z_loss",
+           "update_bias"]
 
 
 def expert_load(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -97,6 +102,51 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor,
     # P_i = mean_t p_{i,t}
     P = probs.mean(-2)                                       # (.., E)
     return (n_experts * (f * P).sum(-1)).mean()
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    r"""ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): the mean over
+    tokens of the squared log-sum-exp of the router logits,
+
+    $$\mathcal{L}_z = \frac{1}{N} \sum_{t=1}^{N} \Big(\log
+    \sum_{i=1}^{E} e^{x_{t,i}}\Big)^2 .$$
+
+    Why it works: a softmax router's probabilities do not change when
+    all of a token's logits move by the same $c$, $\mathrm{softmax}(x_t
+    + c) = \mathrm{softmax}(x_t)$, but the log-sum-exp $z_t$ moves by
+    $c$. Nothing in the language-model loss fixes that level, so the
+    logits can drift large, where $e^{x}$ in low precision rounds badly
+    (bfloat16 keeps 8 bits). The gradient,
+
+    $$\frac{\partial \mathcal{L}_z}{\partial x_{t,i}} = \frac{2}{N}
+    \, z_t \, \mathrm{softmax}(x_t)_i ,$$
+
+    pulls every token's logits towards $z_t = 0$, i.e. towards logits
+    that are already log-probabilities ($\sum_i e^{x_{t,i}} = 1$), and
+    pulls the largest logits hardest. ST-MoE adds $c_z \mathcal{L}_z$
+    with $c_z = 10^{-3}$ and found it stabilised training without
+    hurting quality.
+
+    Computed in float32 whatever the logits' dtype.
+
+    Args:
+        logits: ``(..., E)`` router logits $x$ (``Routing.logits``);
+            every leading position is one token.
+
+    Returns:
+        Scalar tensor (with gradient); 0 for no tokens.
+    """
+    check_type("logits", logits, torch.Tensor, "a torch.Tensor")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be a floating tensor, got "
+                        f"{logits.dtype}")
+    if logits.dim() < 1 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have shape (..., E) with E >= 1, "
+                         f"got {tuple(logits.shape)}")
+    z = torch.logsumexp(logits.float(), dim=-1)              # (...,)
+    if z.numel() == 0:
+        return z.new_zeros(())         # no tokens: nothing to penalise
+    return z.pow(2).mean()
 
 
 def update_bias(bias: torch.Tensor, load: torch.Tensor, *,
