@@ -9,7 +9,9 @@ For every chapter, ``zh/book/<name>.ipynb`` is the English notebook with
 - the "Open in Colab" badge pointed at the Chinese notebook;
 - the figure captions and alt texts of code cells (cell metadata) in
   Chinese;
-- every code cell, with its outputs, unchanged. ``--execute`` then runs
+- every code cell, with its outputs, unchanged, except the Colab form
+  title of the exercise cells (``# @title ...``, which Colab shows in
+  place of the hidden code), in Chinese. ``--execute`` then runs
   the notebooks (``run_notebooks.py``), so that the exercises' and
   explorers' outputs are the Chinese ones; every other output stays what
   the English run printed (``tests/test_zh_edition.py`` checks it).
@@ -43,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import zh_translations as zt  # noqa: E402
+from hide_exercise_cells import TITLE as EXERCISE_TITLE  # noqa: E402
 from course_lib.notebook.glue import fill_glue  # noqa: E402
 
 OUT = ROOT / "zh" / "book"
@@ -53,6 +56,19 @@ LANGUAGE_CELL = ("# 中文版：练习和交互式图表使用中文。\n"
 _CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef"
 _CJK_BREAK = re.compile(f"(?<=[{_CJK}])\\n(?=[{_CJK}])")
 _FENCE = re.compile(r"(^```.*?^```[^\n]*$|\$\$.*?\$\$)", re.M | re.S)
+
+
+#: Colab's title of a hidden exercise cell (hide_exercise_cells.TITLE)
+ZH_EXERCISE_TITLE = "# @title 练习（答案在代码里：运行它，先别读）"
+
+
+def zh_code(source):
+    """A code cell's source (a string or a list of lines) with the
+    exercise cells' Colab title in Chinese; the code itself unchanged."""
+    text = source if isinstance(source, str) else "".join(source)
+    if text.startswith(EXERCISE_TITLE + "\n"):
+        text = ZH_EXERCISE_TITLE + text[len(EXERCISE_TITLE):]
+    return text if isinstance(source, str) else text.splitlines(True)
 
 
 def join_cjk_lines(text: str) -> str:
@@ -87,6 +103,8 @@ def zh_notebook(english: dict, cells: dict, strings: dict) -> dict:
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             cell["source"] = chinese(cells[cell["id"]]).splitlines(True)
+        else:
+            cell["source"] = zh_code(cell["source"])
         for mystnb, key, field, text in zt.figure_texts(cell):
             mystnb[key][field] = join_cjk_lines(strings[text])
         out.append(cell)
