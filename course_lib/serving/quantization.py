@@ -312,7 +312,7 @@ def dequantize_q4_1(packed: torch.Tensor, d: torch.Tensor,
 # ------------------------------------------------------------ the layers
 
 class _WeightOnlyLinear(nn.Module):
-    """What the int8 and the 4-bit layers share: the float32 path
+    r"""What the int8 and the 4-bit layers share: the float32 path
     (dequantize $\hat W$, then ``F.linear``) and the kernel path (the
     subclass's ``_kernel_mm`` on bfloat16 activations, the bias added in
     float32). A subclass sets ``in_features``, ``out_features``,
@@ -393,7 +393,7 @@ class WeightOnlyInt8Linear(_WeightOnlyLinear):
                    if t is not None)
 
     def _kernel_mm(self, x2: torch.Tensor) -> torch.Tensor:
-        """(BT, K) bf16 -> (BT, N) float32: $\sum_i x_i q_{oi}$ read from
+        r"""(BT, K) bf16 -> (BT, N) float32: $\sum_i x_i q_{oi}$ read from
         int8 (fp32 sums, bf16 out), times the float32 scales."""
         y = torch._weight_int8pack_mm(x2, self.weight, self._ones)
         return y.float() * self.scales                        # (BT, N)
@@ -496,7 +496,7 @@ class WeightOnlyInt4Linear(_WeightOnlyLinear):
                    if getattr(self, n) is not None)
 
     def _kernel_mm(self, x2: torch.Tensor) -> torch.Tensor:
-        """(BT, K) bf16 -> (BT, N) float32: $x\,((q - 8)\,\text{scale} +
+        r"""(BT, K) bf16 -> (BT, N) float32: $x\,((q - 8)\,\text{scale} +
         \text{zero})^\top$ (fp32 sums, bf16 out)."""
         return torch._weight_int4pack_mm_for_cpu(
             x2, self.weight, self.group_size,
