@@ -56,12 +56,13 @@ def assert_mistake_caught(exercise, function, named: str | None) -> None:
 
 
 def learner_function(exercise, source: str):
-    """The function ``source`` defines under the exercise's name, run in
-    this process. A check of source code goes through the sandbox, which
-    starts a Python that imports torch (a second or more each); tests of
-    what the feedback says about a mistake pass the function instead
-    (tests/test_sandbox.py and each chapter's solution test cover the
-    sandboxed path)."""
-    namespace = {}
-    exec(source, namespace)
-    return namespace[exercise.func_name]
+    """The function ``source`` defines under the exercise's name, loaded in
+    this process by the exercise's own loader (the names the sandbox
+    gives learner code: torch, np, math). A check of source code goes
+    through the sandbox, which starts a Python that imports torch (a
+    second or more each); tests of what the feedback says about a mistake
+    pass the function instead (tests/test_sandbox.py and each chapter's
+    solution test cover the sandboxed path)."""
+    func = exercise._load(source)
+    assert callable(func), func
+    return func

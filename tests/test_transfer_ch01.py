@@ -10,17 +10,11 @@ from course_lib.experiments import rnn
 from course_lib.notebook.function_exercise import (DiagnosedFunctionExercise,
                                                    FunctionExercise)
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    exercise_cell, learner_function, model_solution, run_exercise_cell)
 
 NOTEBOOK = "ch01_rnn_limits.ipynb"
 
-
-def _function(source, name):
-    """The function ``name`` defined by ``source`` (run in this process,
-    which is faster than the checker's child process for many variants)."""
-    ns = {"torch": torch}
-    exec(source, ns)
-    return ns[name]
 
 
 def _exercise(key, constructor):
@@ -78,16 +72,16 @@ def test_gru_solution_passes(gru):
 def test_gru_usual_mistakes_are_named(gru, old, new, named):
     exercise, solution = gru
     assert old in solution
-    feedback = exercise.check(_function(solution.replace(old, new),
-                                        "gru_forward"))
+    feedback = exercise.check(learner_function(exercise,
+                                               solution.replace(old, new)))
     assert not feedback.correct
     assert named in feedback.message, feedback.message
 
 
 def test_gru_without_reset_gate_fails(gru):
     exercise, solution = gru
-    feedback = exercise.check(_function(solution.replace("r * h_n", "h_n"),
-                                        "gru_forward"))
+    feedback = exercise.check(learner_function(
+        exercise, solution.replace("r * h_n", "h_n")))
     assert not feedback.correct and "Case" in feedback.message
 
 
@@ -95,5 +89,5 @@ def test_rnn_forward_uses_the_library_reference():
     exercise, solution = _exercise("ch01-rnn-forward", "FunctionExercise")
     assert exercise.reference is rnn.rnn_forward
     assert exercise.check(solution).correct
-    assert not exercise.check(_function(solution.replace("torch.tanh(", "("),
-                                        "rnn_forward")).correct
+    assert not exercise.check(learner_function(
+        exercise, solution.replace("torch.tanh(", "("))).correct

@@ -8,13 +8,9 @@ import torch
 from course_lib.model import alibi
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    exercise_cell, learner_function, model_solution, run_exercise_cell)
 
-
-def _function(source, name="alibi_bias"):
-    ns = {"torch": torch}
-    exec(source, ns)
-    return ns[name]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +52,7 @@ def test_solution_passes(exercise):
 def test_usual_mistakes_are_named(exercise, old, new, named):
     ex, solution = exercise
     assert old in solution
-    feedback = ex.check(_function(solution.replace(old, new)))
+    feedback = ex.check(learner_function(ex, solution.replace(old, new)))
     assert not feedback.correct
     assert named in feedback.message, feedback.message
 
@@ -64,5 +60,5 @@ def test_usual_mistakes_are_named(exercise, old, new, named):
 def test_float64_result_is_named(exercise):
     ex, solution = exercise
     wrong = solution.replace("dtype=torch.float32", "dtype=torch.float64")
-    feedback = ex.check(_function(wrong))
+    feedback = ex.check(learner_function(ex, wrong))
     assert not feedback.correct and "float64" in feedback.message

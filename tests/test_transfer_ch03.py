@@ -10,13 +10,9 @@ import torch
 from course_lib.model import online_softmax
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    exercise_cell, learner_function, model_solution, run_exercise_cell)
 
-
-def _function(source, name="merge_states"):
-    ns = {"torch": torch}
-    exec(source, ns)
-    return ns[name]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +64,7 @@ def test_solution_passes(exercise):
 def test_usual_mistakes_are_named(exercise, old, new, named):
     ex, solution, _ = exercise
     assert old in solution
-    feedback = ex.check(_function(solution.replace(old, new)))
+    feedback = ex.check(learner_function(ex, solution.replace(old, new)))
     assert not feedback.correct
     assert named in feedback.message, feedback.message
 
@@ -77,5 +73,5 @@ def test_returning_the_output_instead_of_the_state_fails(exercise):
     ex, solution, _ = exercise
     wrong = solution.replace("return m, a1 * l1 + a2 * l2, a1 * o1 + a2 * o2",
                              "return (a1 * o1 + a2 * o2) / (a1 * l1 + a2 * l2)")
-    feedback = ex.check(_function(wrong))
+    feedback = ex.check(learner_function(ex, wrong))
     assert not feedback.correct and "Case 1" in feedback.message

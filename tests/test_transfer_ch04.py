@@ -6,7 +6,8 @@ import torch
 from course_lib.model import masks
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    exercise_cell, learner_function, model_solution, run_exercise_cell)
 
 MARKER = "DiagnosedFunctionExercise(\n"
 
@@ -60,11 +61,6 @@ WRONG = [
 ]
 
 
-def _function(source):
-    ns = {"torch": torch}
-    exec(source, ns)
-    return ns["sliding_window_mask"]
-
 
 @pytest.mark.parametrize("old,new,needle", WRONG)
 def test_usual_mistakes_fail_with_their_hint(window_exercise, old, new,
@@ -75,7 +71,7 @@ def test_usual_mistakes_fail_with_their_hint(window_exercise, old, new,
     assert old in solution
     wrong = solution.replace(old, new)
     feedback = ex.check(wrong if (old, new, needle) == WRONG[0]
-                        else _function(wrong))
+                        else learner_function(ex, wrong))
     assert not feedback.correct
     assert "Likely mistake" in feedback.message, feedback.message
     assert needle in feedback.message, feedback.message

@@ -10,7 +10,8 @@ from course_lib.model.masks import causal_mask
 from course_lib.model.mha import MultiHeadAttention, grouped_query_attention
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    exercise_cell, learner_function, model_solution, run_exercise_cell)
 
 MARKER = "DiagnosedFunctionExercise(\n"
 
@@ -59,11 +60,6 @@ def test_solution_passes(gqa_exercise):
     assert ex.check(solution).correct
 
 
-def _function(source):
-    ns = {"torch": torch, "math": math}
-    exec(source, ns)
-    return ns["gqa_attention"]
-
 
 WRONG = [       # (replacements, words of the hint)
     ({"q.view(B, G, H // G, T, d_k)": "q.view(B, H // G, G, T, d_k)",
@@ -84,7 +80,7 @@ def test_usual_mistakes_fail_with_their_hint(gqa_exercise, n):
     for old, new in edits.items():
         assert old in wrong
         wrong = wrong.replace(old, new)
-    feedback = ex.check(wrong if n == 0 else _function(wrong))
+    feedback = ex.check(wrong if n == 0 else learner_function(ex, wrong))
     assert not feedback.correct
     assert "Likely mistake" in feedback.message, feedback.message
     assert needle in feedback.message, feedback.message

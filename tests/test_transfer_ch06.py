@@ -11,7 +11,8 @@ from course_lib.model.attention import scaled_dot_product_attention
 from course_lib.model.masks import causal_mask
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
-from notebook_support import exercise_cell, run_exercise_cell, model_solution
+from notebook_support import (
+    exercise_cell, learner_function, model_solution, run_exercise_cell)
 
 MARKER = "DiagnosedFunctionExercise(\n"
 
@@ -61,11 +62,6 @@ def test_solution_passes(qk_exercise):
     assert ex.check(solution).correct
 
 
-def _function(source):
-    ns = {"torch": torch, "math": math}
-    exec(source, ns)
-    return ns["qk_norm_attention"]
-
 
 WRONG = [       # (replacements, words of the hint)
     ({"x.pow(2).mean(-1, keepdim=True)": "x.pow(2).mean(-2, keepdim=True)"},
@@ -85,7 +81,7 @@ def test_usual_mistakes_fail_with_their_hint(qk_exercise, n):
     for old, new in edits.items():
         assert old in wrong
         wrong = wrong.replace(old, new)
-    feedback = ex.check(wrong if n == 0 else _function(wrong))
+    feedback = ex.check(wrong if n == 0 else learner_function(ex, wrong))
     assert not feedback.correct
     assert "Likely mistake" in feedback.message, feedback.message
     assert needle in feedback.message, feedback.message

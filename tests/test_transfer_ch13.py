@@ -18,15 +18,9 @@ from course_lib.pretrained.gguf_file import dequantize_q4_1_block
 from course_lib.pretrained.requantize import q4_0_roundtrip
 
 from notebook_support import (
-    assert_mistake_caught, exercise_cell, run_exercise_cell, model_solution)
+    assert_mistake_caught, exercise_cell, learner_function, model_solution,
+    run_exercise_cell)
 
-
-def _function(source):
-    """The learner's function defined by ``source``, run in this process
-    (faster than the checker's child process for many variants)."""
-    ns = {"torch": torch}
-    exec(source, ns)
-    return ns["q4_1_roundtrip"]
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +60,8 @@ def test_solution_passes(q41_exercise):
 def test_usual_mistakes_fail_with_feedback(q41_exercise, old, new, named):
     exercise, solution = q41_exercise
     assert old in solution
-    assert_mistake_caught(exercise, _function(solution.replace(old, new)),
-                          named)
+    wrong = learner_function(exercise, solution.replace(old, new))
+    assert_mistake_caught(exercise, wrong, named)
 
 
 def test_reference_decodes_like_the_chapters_block_decoder():

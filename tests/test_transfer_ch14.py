@@ -15,15 +15,9 @@ from course_lib.distributed.expert_parallel import ExpertParallelStats
 from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 
 from notebook_support import (
-    assert_mistake_caught, exercise_cell, run_exercise_cell, model_solution)
+    assert_mistake_caught, exercise_cell, learner_function, model_solution,
+    run_exercise_cell)
 
-
-def _function(source):
-    """The learner's function defined by ``source``, run in this process
-    (faster than the checker's child process for many variants)."""
-    ns = {"torch": torch}
-    exec(source, ns)
-    return ns["bytes_sent_per_rank"]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +58,8 @@ def test_solution_passes(ep_exercise):
 def test_usual_mistakes_fail_with_feedback(ep_exercise, old, new, named):
     exercise, solution = ep_exercise
     assert old in solution
-    assert_mistake_caught(exercise, _function(solution.replace(old, new)),
-                          named)
+    wrong = learner_function(exercise, solution.replace(old, new))
+    assert_mistake_caught(exercise, wrong, named)
 
 
 def test_reference_agrees_with_the_moe_layers_byte_counters():

@@ -17,15 +17,9 @@ from course_lib.notebook.function_exercise import DiagnosedFunctionExercise
 from course_lib.serving.speculative_decoding import PromptLookup
 
 from notebook_support import (
-    assert_mistake_caught, exercise_cell, model_solution, run_exercise_cell)
+    assert_mistake_caught, exercise_cell, learner_function, model_solution,
+    run_exercise_cell)
 
-
-def _function(source):
-    """The learner's function defined by ``source``, run in this process
-    (faster than the checker's child process for many variants)."""
-    ns = {"torch": torch}
-    exec(source, ns)
-    return ns["propose"]
 
 
 def brute_force(ids, k, max_ngram=3):
@@ -103,5 +97,5 @@ def test_every_diagnosed_mistake_shows_on_some_case(lookup_exercise):
 def test_usual_mistakes_fail_with_feedback(lookup_exercise, old, new, named):
     exercise, solution = lookup_exercise
     assert old in solution
-    assert_mistake_caught(exercise, _function(solution.replace(old, new)),
-                          named)
+    wrong = learner_function(exercise, solution.replace(old, new))
+    assert_mistake_caught(exercise, wrong, named)
