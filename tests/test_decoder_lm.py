@@ -114,3 +114,16 @@ def test_decoder_lm_returns_the_logits_only():
     logits = lm(torch.randint(20, (1, 3)))
     assert isinstance(logits, torch.Tensor) and logits.shape == (1, 3, 20)
     assert not hasattr(lm, "forward_with_aux")
+
+
+def test_logits_to_keep_is_the_last_positions_of_the_full_logits():
+    lm = DecoderLM(DecoderLMConfig(vocab_size=20, num_hidden_layers=2)).eval()
+    idx = torch.randint(20, (2, 7))
+    full = lm(idx)                                            # (2, 7, 20)
+    for n in (1, 3, 7, 9):          # n > T keeps all T, as h[:, -n:] does
+        torch.testing.assert_close(lm(idx, logits_to_keep=n),
+                                   full[:, -n:], rtol=1e-5, atol=1e-6)
+    assert torch.equal(lm(idx, logits_to_keep=0), full)
+    for bad, err in ((-1, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(err, match="logits_to_keep"):
+            lm(idx, logits_to_keep=bad)

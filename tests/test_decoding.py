@@ -213,11 +213,11 @@ class TokenClock(torch.nn.Module):
             max_position_embeddings=max_len)
         self.clock, self.calls = clock, []
 
-    def forward(self, idx, cache=None):
+    def forward(self, idx, cache=None, logits_to_keep=0):
         B, T = idx.shape
         self.calls.append((T, cache is not None))
         self.clock.advance(float(T))
-        return torch.zeros(B, T, self.config.vocab_size)
+        return torch.zeros(B, logits_to_keep or T, self.config.vocab_size)
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -317,12 +317,12 @@ class IdClock(torch.nn.Module):
             max_position_embeddings=max_len)
         self.clock, self.ids = clock, []
 
-    def forward(self, idx, cache=None):
+    def forward(self, idx, cache=None, logits_to_keep=0):
         self.ids.append(idx.clone())
         self.clock.advance(float(idx.numel() / idx.shape[0]))
         logits = torch.zeros(*idx.shape, self.config.vocab_size)
         logits[..., 3] = 1.0
-        return logits
+        return logits[:, -logits_to_keep:]
 
 
 @pytest.mark.parametrize("seed", [None, 7])

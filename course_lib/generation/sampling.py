@@ -219,8 +219,9 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
 
     Args:
         model: maps ``(B, T)`` token ids to ``(B, T, V)`` logits; with
-            the cache it must accept ``cache=`` and have a ``config``
-            (a :class:`~course_lib.model.decoder_lm.DecoderLM`).
+            the cache it must accept ``cache=`` and ``logits_to_keep=``
+            and have a ``config`` (a
+            :class:`~course_lib.model.decoder_lm.DecoderLM`).
         prompt_ids: ``(T0,)`` or ``(B, T0)`` integer ids, ``T0 >= 1``.
         max_new_tokens: number of tokens to append, an int $\ge 0$.
         temperature, top_k, top_p, min_p, generator: as in
@@ -262,8 +263,9 @@ def generate(model: torch.nn.Module, prompt_ids: torch.Tensor,
     if isinstance(model, torch.nn.Module):
         model.eval()
     try:
-        if use_cache:       # prefill: the whole prompt, keys/values cached
-            logits = model(idx, cache=cache)                 # (B, T0, V)
+        if use_cache:       # prefill: the whole prompt, keys/values cached;
+            # only the last position's logits are used
+            logits = model(idx, cache=cache, logits_to_keep=1)  # (B, 1, V)
         else:
             logits = model_logits(model, idx if window is None
                                   else idx[:, -window:])     # (B, T', V)

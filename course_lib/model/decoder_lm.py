@@ -85,8 +85,8 @@ class DecoderLMConfig:
                      "multiple_of"):
             check_int(name, getattr(self, name), minimum=1)
         check_dropout("dropout", self.dropout)
-        check_real("rope_theta", self.rope_theta, positive=True)
-        check_real("rms_norm_eps", self.rms_norm_eps, positive=True)
+        for name in ("rope_theta", "rms_norm_eps"):
+            check_real(name, getattr(self, name), positive=True)
         for name in ("attention_bias", "mlp_bias", "tie_word_embeddings",
                      "rope_interleave"):
             check_bool(name, getattr(self, name))
@@ -253,7 +253,8 @@ class DecoderLM(nn.Module):
     def forward(self, idx: torch.Tensor,
                 positions: torch.Tensor | None = None, *,
                 cache: KVCache | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None,
+                logits_to_keep: int = 0) -> torch.Tensor:
         """idx (B, T) ids -> next-token logits (B, T, V).
 
         ``positions`` (T,): absolute positions, default $0..T-1$, or with
@@ -269,9 +270,15 @@ class DecoderLM(nn.Module):
         (left-padded batches of prompts of different lengths, chapter 9).
         An MoE layer keeps what its router did on the call;
         :func:`~course_lib.model.moe.moe_infos` collects it (chapter 11).
+        ``logits_to_keep`` $n > 0$: the head runs on the last $n$
+        positions only and the logits are (B, n, V); 0 (the default)
+        keeps all $T$. A prefill needs only the last position's logits,
+        and the head ($D \times V$) is the largest matrix of a small
+        model (chapter 15; Hugging Face's argument of the same name).
         """
         c = self.config
         check_token_ids("idx", idx, c.vocab_size, c.max_position_embeddings)
+        check_int("logits_to_keep", logits_to_keep, minimum=0)
         T = idx.shape[1]
         past, positions = self._positions(idx, positions, cache,
                                           attention_mask)
@@ -291,7 +298,9 @@ class DecoderLM(nn.Module):
         for i, block in enumerate(self.layers):
             h = block(h, mask, positions=positions,
                       cache=None if cache is None else cache[i])  # (B, T, D)
-        return self.lm_head(self.norm(h))                    # (B, T, V)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]                       # (B, n, D)
+        return self.lm_head(self.norm(h))                    # (B, T|n, V)
 
 
 def decoder_lm_param_count(config: DecoderLMConfig) -> int:

@@ -297,7 +297,8 @@ class Scheduler:
         new = ids[done:]                                     # (T,)
         step = PagedStepCache(self.cache, [rid], new.numel())
         logits = self.model(new[None], step.positions, cache=step,
-                            attention_mask=step.attention_mask)  # (1, T, V)
+                            attention_mask=step.attention_mask,
+                            logits_to_keep=1)                # (1, 1, V)
         if self.prefix_caching:
             self.cache.cache_blocks(rid, ids)
         self._sample(logits[:, -1], [req])
