@@ -154,7 +154,9 @@ CHAPTERS: dict[int, dict[str, str]] = {
          "sizing.params": "parameter counts, total and active; weight "
                           "bytes",
          "sizing.from_config": "a small course model built from a "
-                               "configuration"},
+                               "configuration",
+         "sizing.activations": "activation memory of training, with and "
+                               "without recomputation"},
     13: {"pretrained.gguf_file": "reading a GGUF file; Q4_1 and Q8_0",
          "pretrained.tokenizer": "the byte-level BPE tokenizer of the "
                                  "file",
