@@ -19,8 +19,11 @@ For every chapter, ``zh/book/<name>.ipynb`` is the English notebook with
 ``zh/book/intro.md`` and ``zh/book/glossary.md`` are the translated pages.
 A chapter or page with any cell still untranslated is not written.
 ``zh/_config.yml`` and ``zh/_toc.yml`` are the English ones with the
-Chinese title, part captions, language (``zh_CN``: Sphinx's Chinese
-search, which segments words with ``jieba``), and the repository path
+Chinese title, author, part captions, the book chrome's words that the
+themes' catalogues leave in English (``togglebutton_hint``, and
+``ti_messages`` for ``book/_ext/theme_messages.py``), language
+(``zh_CN``: Sphinx's Chinese search, which segments words with
+``jieba``), and the repository path
 ``zh`` (the launch buttons open ``zh/book/*.ipynb``). ``zh/book/images``,
 ``_ext`` and ``references.bib`` are links to the English book's.
 
@@ -80,7 +83,9 @@ def join_cjk_lines(text: str) -> str:
 
 
 def zh_badge(text: str) -> str:
-    """Point the Colab badge (and any Colab link) at the Chinese notebook."""
+    """Point the Colab badge (and any Colab link) at the Chinese notebook,
+    the badge's alt text in Chinese."""
+    text = text.replace("[![Open In Colab](", "[![在 Colab 中打开](")
     return re.sub(r"(colab\.research\.google\.com/github/[^)\s\"]*?/blob/"
                   r"[^/)\s\"]+/)book/", r"\1zh/book/", text)
 
@@ -142,6 +147,41 @@ CAPTIONS = {
     "Part VII: Serving": "第七部分：推理服务",
     "Reference": "参考",
 }
+# The book's author line (the footer: "作者： ...").
+AUTHOR = "《Transformer 内部原理》编写组"
+# sphinx-togglebutton's hint on every solution dropdown ("Click to show");
+# its own catalogue is named zh-cn, which Sphinx's zh_CN never finds.
+TOGGLE_HINTS = {"togglebutton_hint": "点击显示",
+                "togglebutton_hint_hide": "点击隐藏"}
+# The themes' messages their Chinese catalogues leave in English (or, for
+# 列印成 PDF, in traditional Chinese), the search box's text and the names
+# the templates write in English; shown through book/_ext/theme_messages.py.
+# "notebook" as in the chapters.
+THEME_MESSAGES = {
+    "Search this book...": "搜索本书……",
+    "Launch interactive content": "启动交互式内容",
+    "Launch on": "启动于",
+    "Color mode": "颜色模式",
+    "System Settings": "跟随系统",
+    "Print to PDF": "打印为 PDF",
+    "Download notebook file": "下载 notebook 文件",
+    "Breadcrumb": "导航路径",
+    "Home": "首页",
+    # the ¶ links beside headings, figures, glossary terms ...
+    "Link to this heading": "链接到本标题",
+    "Link to this image": "链接到本图",
+    "Link to this term": "链接到本术语",
+    "Link to this definition": "链接到本定义",
+    "Link to this equation": "链接到本公式",
+    "Link to this table": "链接到本表",
+    "Link to this code": "链接到本代码",
+    # names written into the theme's templates without gettext
+    "Toggle primary sidebar": "显示或隐藏章节导航",
+    "Toggle secondary sidebar": "显示或隐藏本页目录",
+    "Main": "章节导航",
+    "Page": "本页",
+    "Colab logo": "Colab 标志",
+}
 HEADER = ("# Written by scripts/build_zh.py from the English book's file of "
           "the same name:\n# edit that one and run `make zh`.\n")
 
@@ -151,6 +191,7 @@ def config_texts() -> dict[str, str]:
     import yaml
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     config["title"] = TITLE
+    config["author"] = AUTHOR
     config["exclude_patterns"] = [p for p in config["exclude_patterns"]
                                   if p != "zh"]
     config["repository"]["path_to_book"] = "zh"
@@ -164,6 +205,9 @@ def config_texts() -> dict[str, str]:
     # myst-nb's toggles of hidden code ("Show code cell source")
     sphinx["nb_code_prompt_show"] = "显示代码"
     sphinx["nb_code_prompt_hide"] = "隐藏代码"
+    sphinx.update(TOGGLE_HINTS)
+    sphinx["ti_messages"] = dict(THEME_MESSAGES)
+    config["sphinx"]["local_extensions"]["theme_messages"] = "book/_ext"
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     for part in toc["parts"]:
         if part["caption"] not in CAPTIONS:

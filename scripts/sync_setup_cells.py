@@ -27,7 +27,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP_TAG = "colab-setup"
-BADGE_RE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
+#: the badge's alt text: English, or Chinese for the Chinese edition (zh/)
+BADGE_ALT = {"en": "Open In Colab", "zh": "在 Colab 中打开"}
+BADGE_RE = re.compile(r"\[!\[(?:Open In Colab|在 Colab 中打开)\]\([^)]*\)\]"
+                      r"\([^)]*\)")
 
 
 def load_config(root: Path = ROOT) -> dict:
@@ -99,7 +102,8 @@ def badge_markdown(config: dict, notebook: Path, root: Path = ROOT) -> str:
     rel = notebook.resolve().relative_to(root).as_posix()
     colab = config["launch_buttons"]["colab_url"].rstrip("/")
     link = f"{colab}/github/{slug}/blob/{branch}/{rel}"
-    return f"[![Open In Colab](images/colab-badge.svg)]({link})"
+    alt = BADGE_ALT["zh" if rel.startswith("zh/") else "en"]
+    return f"[![{alt}](images/colab-badge.svg)]({link})"
 
 
 def sync(path: Path, config: dict, *, check: bool) -> list[str]:

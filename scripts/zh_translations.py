@@ -7,8 +7,9 @@ text; and the other reader-facing strings, keyed by the English string:
 figure captions and alt texts (code cell metadata, replaced by
 ``build_zh.py``) and the strings of the chapter's exercises and explorers
 (prompts, options, explanations, hints, solutions, mistake messages,
-titles, control labels), which ``course_lib`` looks up at run time when
-the language is Chinese:
+titles, control labels, labels of control values, the comments of
+starter code), which ``course_lib`` looks up at run time when the
+language is Chinese:
 
     {"notebook": "book/ch03_scaled_dot_product_attention.ipynb",
      "cells": {"<cell id>": {"en_sha": "...", "en": "...", "zh": "..."}},
@@ -42,11 +43,15 @@ English text changed): translate the new one (``export`` adds it) and
 delete the old entry.
 
 ``check`` also compares what must not change in translation: the math
-(every ``$...$`` and ``$$...$$``, as a multiset), the MyST labels
+(every ``$...$`` and ``$$...$$``, as a multiset; the words in a
+formula's ``\\text{...}`` may be translated, its symbols and numbers not),
+the MyST labels
 ``(name)=``, the targets of ``{ref}``, ``{numref}``, ``{doc}``,
 ``{cite:p}``, ``{cite:t}`` and ``{term}`` roles, the inline code spans, and
 the names of the glued numbers (``<!--glue:name-->``; the number between
 the markers is written by the run, so it may differ until ``make zh``).
+A code span naming the Chinese notebooks, ``zh/book/...``, counts as the
+English ``book/...`` (the intro sends a Chinese reader to ``zh/book/``).
 """
 from __future__ import annotations
 
@@ -58,7 +63,11 @@ import re
 import sys
 from pathlib import Path
 
+from course_lib.notebook.code_comments import comment_texts
 from course_lib.notebook.glue import MARKER as GLUE_MARKER
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from figure_strings import figure_strings, in_code  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -99,9 +108,14 @@ def english_cells(notebook: Path) -> dict[str, str]:
 
 
 # Keyword arguments of the exercise and explorer classes whose strings a
-# reader sees (``key``, ``func_name``, ``starter_code``: code, not prose).
+# reader sees (``key``, ``func_name``: code, not prose; ``starter_code``
+# is code whose comments a reader sees, :data:`CODE_KWARGS`).
 TEXT_KWARGS = {"prompt", "hint", "solution", "options", "explanations",
-               "mistakes", "title", "labels"}
+               "mistakes", "title", "labels", "value_labels"}
+# Keyword arguments holding code whose comments a reader sees, in the
+# reader's language: each prose comment is a string
+# (:func:`course_lib.notebook.code_comments.comment_texts`).
+CODE_KWARGS = {"starter_code"}
 # Cell metadata a reader sees: myst-nb's figure caption and alt text.
 FIGURE_FIELDS = (("figure", "caption"), ("image", "alt"))
 
@@ -123,7 +137,10 @@ def reader_strings(notebook: Path) -> list[str]:
     then the string literals of the chapter's exercises and explorers:
     every ``str`` constant under a :data:`TEXT_KWARGS` keyword of a call to
     ``...Exercise(...)`` or ``Explorer(...)`` (dict keys excluded: they
-    name controls). In order, without repeats."""
+    name controls), each prose comment of the code under a
+    :data:`CODE_KWARGS` keyword (the starter code's instructions), and the
+    text the code draws into figures (``scripts/figure_strings.py``). In
+    order, without repeats."""
     import ast
     if notebook.suffix == ".md":
         return []
@@ -171,7 +188,24 @@ def reader_strings(notebook: Path) -> list[str]:
             for kw in node.keywords:
                 if kw.arg in TEXT_KWARGS:
                     strings_in(kw.value)
+                elif kw.arg in CODE_KWARGS:
+                    for text in comment_texts(_constant(kw.value, assigned)):
+                        found.setdefault(text)
+    # the figures' titles, labels, legends and annotations
+    for text in figure_strings(notebook):
+        found.setdefault(text)
     return list(found)
+
+
+def _constant(value, assigned: dict) -> str:
+    """The string an AST node holds: a literal, or a name assigned one
+    at the top of a cell ("" for anything else)."""
+    import ast
+    if isinstance(value, ast.Name) and value.id in assigned:
+        value = assigned[value.id]
+    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        return value.value
+    return ""
 
 
 def notebook_for(chapter: str) -> Path:
@@ -216,14 +250,51 @@ def _role_target(kind: str, body: str) -> str:
     return f"{kind}:{target.strip().lower() if kind == 'term' else target}"
 
 
+# Words inside maths: the argument of a text-mode command, such as
+# $M_{ij} = 0 \text{ if query } i \text{ may read key } j$. They are prose,
+# so a translation may change them; the symbols around them it may not.
+# \mathrm, \operatorname and \texttt are not here: they set operator and
+# code names (softmax, mscale), which stay as they are.
+_MATH_TEXT = re.compile(
+    r"\\(text|textrm|textit|textbf|mbox)\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_CJK_CHAR = re.compile("[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff"
+                       "\uff00-\uffef]")
+
+
+def _math_skeleton(math: str) -> str:
+    """``math`` (whitespace collapsed) with each text argument replaced by
+    the numbers in it: ``\\text{2 FLOPs per token}`` -> ``\\text{2}``."""
+    return _MATH_TEXT.sub(
+        lambda m: "\\%s{%s}" % (m.group(1), " ".join(
+            sorted(_NUMBER.findall(m.group(2))))),
+        re.sub(r"\s+", " ", math).strip())
+
+
+def _math_words(text: str) -> collections.Counter:
+    """The text arguments in ``text``'s maths that hold no Chinese (words
+    left as they were, such as the ``model`` of ``d_{\\text{model}}``)."""
+    return collections.Counter(
+        re.sub(r"\s+", " ", m.group(2)).strip()
+        for math in _MATH.findall(text) for m in _MATH_TEXT.finditer(math)
+        if not _CJK_CHAR.search(m.group(2)))
+
+
 def invariants(text: str) -> dict[str, collections.Counter]:
-    """The parts of a cell a translation keeps exactly."""
+    """The parts of a cell a translation keeps exactly: the maths (each
+    formula as :func:`_math_skeleton`: the words of its text arguments
+    may be translated, its symbols and the numbers in its words may not),
+    the words in maths it does not translate ("math words", compared by
+    :func:`_differences` as a subset of the English ones: a translation
+    may turn ``\\text{otherwise}`` into Chinese, not into ``\\text{other}``),
+    MyST labels, role targets, inline code and glued names."""
     no_math = _MATH.sub(" ", text)
     roles = [_role_target(k, b) for k, b in _ROLE.findall(no_math)]
     no_roles = _ROLE.sub(" ", no_math)
     return {
         "math": collections.Counter(
-            re.sub(r"\s+", " ", m).strip() for m in _MATH.findall(text)),
+            _math_skeleton(m) for m in _MATH.findall(text)),
+        "math words": _math_words(text),
         "labels": collections.Counter(_LABEL.findall(text)),
         "roles": collections.Counter(roles),
         "code": collections.Counter(
@@ -256,20 +327,44 @@ def problems(chapter_notebook: Path) -> list[str]:
         where = f"{chapter_notebook.stem} string {text[:50]!r}"
         if zh is None:
             continue
-        if text not in current:
-            out.append(f"{where}: stale (no exercise or explorer uses this "
-                       f"English string any more)")
+        # a figure text built from a variable (``label=name``) is not
+        # listed, but it must still be a text the code can draw
+        if text not in current and not in_code(text, chapter_notebook):
+            out.append(f"{where}: stale (no exercise, explorer or figure "
+                       f"uses this English string any more)")
             continue
         out += [f"{where}: {d}" for d in _differences(text, zh)]
     return out
 
 
+# kinds of :func:`invariants` a translation may drop entries of (it may
+# translate a word in maths), but not add to
+_SUBSET_KINDS = {"math words"}
+# The Chinese edition's notebooks are in zh/book/ (build_zh.py writes
+# them there and points the Colab badges at them): a code span of the
+# translation that names a path there stands for the English one in book/.
+_ZH_BOOK = "zh/book/"
+
+
+def _english_path(span: str) -> str:
+    """``zh/book/x`` -> ``book/x``; any other code span unchanged."""
+    return span[len("zh/"):] if span.startswith(_ZH_BOOK) else span
+
+
 def _differences(english: str, chinese: str) -> list[str]:
     """What a translation changed of :func:`invariants`, one line per kind."""
     want, got = invariants(english), invariants(chinese)
+    got["code"] = collections.Counter(
+        _english_path(c) for c in got["code"].elements())
     found = []
     for kind in want:
-        if want[kind] != got[kind]:
+        if kind in _SUBSET_KINDS:
+            extra = list((got[kind] - want[kind]).elements())
+            if extra:
+                found.append(f"{kind} differ from the English: extra "
+                             f"{extra[:3]} (translate a word in maths "
+                             f"into Chinese, or keep it as it is)")
+        elif want[kind] != got[kind]:
             missing = list((want[kind] - got[kind]).elements())
             extra = list((got[kind] - want[kind]).elements())
             found.append(f"{kind} differ from the English: missing "

@@ -82,7 +82,10 @@ def test_numeric_exercise_in_chinese(zh):
     assert ex.check("1").message == "不完全对。Count again."   # no entry
     assert ex.check("abc").message.startswith("无法使用的答案：'abc' 不是一个数")
     page = ex.static_html()
-    assert "<strong>练习。</strong>" in page and ">检查</button>" in page
+    # a bold heading, no full stop (the reader's review)
+    assert "<strong>练习</strong>" in page and ">检查</button>" in page
+    assert "<summary>解答</summary>" in page      # sphinx-exercise's word
+    assert 'aria-label="练习 t-num 的答案"' in page   # space at Latin text
     assert "<summary>提示</summary>" in page and '"large": "不正确' in page
 
 
@@ -152,3 +155,4 @@ def test_environment_variable_chooses_the_language(monkeypatch):
     finally:
         monkeypatch.delenv("COURSE_LANGUAGE")
         importlib.reload(i18n)
+        i18n.set_language("en")      # and the figures' font back

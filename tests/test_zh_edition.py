@@ -9,17 +9,29 @@ tests hold it to the English book, which nbval checks:
 - every text output (printed text, ``text/plain``) is what the English
   run printed, except in cells whose output nbval ignores (timings);
 - the markdown is the current translation, and the exercises were run in
-  Chinese (their pages say 练习, not Exercise);
-- ``zh/_config.yml`` and ``zh/_toc.yml`` are what the English ones give.
+  Chinese (their pages say 练习, not Exercise, and show the starter code
+  of function exercises with its comments in Chinese: the code cell that
+  builds the exercise is the English one, and the starter code in it
+  keeps its English comments, which ``tr`` replaces when it is shown);
+- ``zh/_config.yml`` and ``zh/_toc.yml`` are what the English ones give,
+  and the book's chrome (dropdown hints, author, search box, the theme's
+  buttons) is Chinese.
 So an English chapter re-executed, or a translation edited, without
 ``make zh`` fails here.
 """
+import ast
+import gettext
+import html
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from course_lib.notebook.code_comments import translate_comments
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -48,6 +60,16 @@ def _texts(cell: dict) -> list[str]:
         elif "text/plain" in o.get("data", {}):
             out.append("".join(o["data"]["text/plain"]))
     return out
+
+
+def _starter_codes(cell: dict) -> list[str]:
+    """The starter code of each function exercise a code cell builds."""
+    source = "".join(cell["source"])
+    if "starter_code" not in source:
+        return []
+    return [zt._constant(kw.value, {}) for node in ast.walk(ast.parse(source))
+            for kw in getattr(node, "keywords", [])
+            if kw.arg == "starter_code"]
 
 
 def _html(cell: dict) -> str:
@@ -86,7 +108,10 @@ def test_chinese_notebook_is_the_english_one_in_chinese(english):
         if "nbval-ignore-output" not in e["metadata"].get("tags", []):
             assert _texts(z) == _texts(e), f"{where}: run `make zh`"
         if "<strong>Exercise.</strong>" in _html(e):
-            assert "<strong>练习。</strong>" in _html(z), where
+            assert "<strong>练习</strong>" in _html(z), where
+        for code in _starter_codes(e):                   # their comments
+            shown = translate_comments(code, lambda t: strings.get(t) or t)
+            assert html.escape(shown) in _html(z), f"{where}: run `make zh`"
 
 
 def test_every_exercise_and_explorer_string_has_a_translation():
@@ -95,6 +120,46 @@ def test_every_exercise_and_explorer_string_has_a_translation():
         missing = [t for t in zt.reader_strings(english)
                    if not strings.get(t)]
         assert missing == [], english.stem
+
+
+def test_book_chrome_is_chinese():
+    # what every page shows around the chapter: the solution dropdowns'
+    # hint, the footer's author, the search box, the theme's buttons
+    config = yaml.safe_load(bz.config_texts()["_config.yml"])
+    sphinx = config["sphinx"]["config"]
+    texts = [config["author"], sphinx["togglebutton_hint"],
+             sphinx["togglebutton_hint_hide"],
+             *sphinx["ti_messages"].values()]
+    assert all(re.search(f"[{bz._CJK}]", t) for t in texts), texts
+    assert config["sphinx"]["local_extensions"]["theme_messages"] == \
+        "book/_ext"
+    assert {"Search this book...", "Toggle primary sidebar", "Color mode",
+            "Launch interactive content",
+            "Print to PDF"} <= set(sphinx["ti_messages"])
+    assert sphinx["ti_messages"]["Print to PDF"] == "打印为 PDF"  # not 列印成
+
+
+def test_theme_messages_come_before_the_themes_catalogues():
+    spec = importlib.util.spec_from_file_location(
+        "theme_messages", ROOT / "book" / "_ext" / "theme_messages.py")
+    tm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tm)
+
+    class Theme(gettext.NullTranslations):      # a theme's catalogue
+        def gettext(self, message):
+            return {"Color mode": "", "Search": "搜索"}.get(message, message)
+
+    t = tm.Messages({"Color mode": "颜色模式"}, Theme())
+    assert t.gettext("Color mode") == "颜色模式"
+    assert t.gettext("Search") == "搜索" and t.gettext("Other") == "Other"
+    assert t.ngettext("Color mode", "Color modes", 1) == "颜色模式"
+    # names the templates write without gettext, after the build
+    page = ('<button title="Toggle primary sidebar"><nav aria-label="Page">'
+            '<img alt="Page 2"><p title="Page">Page</p>')
+    assert tm.translate_attributes(page, {"Toggle primary sidebar": "导航",
+                                          "Page": "本页"}) == (
+        '<button title="导航"><nav aria-label="本页">'
+        '<img alt="Page 2"><p title="本页">Page</p>')
 
 
 @pytest.mark.parametrize("name", ["_config.yml", "_toc.yml"])
@@ -129,6 +194,7 @@ def test_badge_points_at_the_chinese_notebook():
     en = ("[![Open In Colab](images/colab-badge.svg)](https://colab."
           "research.google.com/github/o/r/blob/main/book/ch01_x.ipynb)")
     assert bz.zh_badge(en).endswith("/blob/main/zh/book/ch01_x.ipynb)")
+    assert bz.zh_badge(en).startswith("[![在 Colab 中打开](")
 
 
 def test_build_zh_refuses_an_unknown_chapter_prefix(capsys):

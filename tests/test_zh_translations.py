@@ -145,3 +145,95 @@ def test_import_refuses_unknown_sections(toy, tmp_path):
     bad.write_text("=== string 9\n文字\n")
     with pytest.raises(SystemExit, match=r"string 9 out of range \(0..3\)"):
         zt.import_file("ch99", str(bad))
+
+
+# ------------------------------------------------------ words inside maths
+CASES = (r"$$M_{ij} = \begin{cases} 0 & \text{if query } i "
+         r"\text{ may read key } j,\\ -\infty & \text{otherwise.}"
+         r"\end{cases}$$ and $d_{\text{model}} = 512$")
+ZH_CASES = (r"$$M_{ij} = \begin{cases} 0 & \text{若查询 } i "
+            r"\text{ 可以读取键 } j,\\ -\infty & \text{否则。}"
+            r"\end{cases}$$ 且 $d_{\text{model}} = 512$")
+
+
+def test_words_inside_maths_may_be_translated():
+    assert zt._differences(CASES, ZH_CASES) == []
+    assert zt._differences(CASES, CASES) == []        # or left as they are
+    flops = r"$$\underbrace{2T}_{\text{2 FLOPs per weight per token}}$$"
+    assert zt._differences(
+        flops, r"$$\underbrace{2T}_{\text{每个参数每个词元 2 次浮点运算}}$$") == []
+
+
+@pytest.mark.parametrize("bad, kind", [
+    # a symbol, a number, a command, a text argument more or less
+    (ZH_CASES.replace(r"0 & \text{若", r"1 & \text{若"), "math"),
+    (ZH_CASES.replace(r"\text{ 可以读取键 } j", r"\text{ 可以读取键 } k"),
+     "math"),
+    (ZH_CASES.replace("= 512", "= 256"), "math"),
+    (ZH_CASES.replace(r"\text{否则。}", r"\mathrm{否则。}"), "math"),
+    (ZH_CASES.replace(r"\text{ 可以读取键 } j", r" 可以读取键 j"), "math"),
+    # a number inside the words
+    (r"$$\underbrace{2T}_{\text{每个参数每个词元 4 次浮点运算}}$$",
+     "math"),
+    # a word left in English but changed: a notation, not a translation
+    (ZH_CASES.replace(r"d_{\text{model}}", r"d_{\text{modle}}"),
+     "math words"),
+], ids=["symbol", "index", "number", "command", "text dropped",
+        "number in words", "word changed"])
+def test_a_changed_symbol_or_number_in_maths_still_fails(bad, kind):
+    english = CASES if "FLOP" not in bad and "浮点" not in bad else \
+        r"$$\underbrace{2T}_{\text{2 FLOPs per weight per token}}$$"
+    found = zt._differences(english, bad)
+    assert len(found) == 1 and found[0].startswith(f"{kind} differ"), found
+
+
+def test_chinese_notebooks_path_stands_for_the_english_one():
+    en = "Open the notebooks in `book/` with Jupyter."
+    assert zt._differences(en, "用 Jupyter 打开 `zh/book/` 中的 notebook。") == []
+    assert zt._differences(en, "用 Jupyter 打开 `zh/` 中的 notebook。") != []
+
+
+# ------------------------------------------------- starter-code comments
+STARTER = ('FunctionExercise(key="toy-2", purpose="application", '
+           'prompt="Write `f`.", func_name="f", '
+           'starter_code="def f(x):\\n    # 1) double it\\n'
+           '    return x  # (B, T)\\n", reference=abs, cases=[], '
+           'hint="Double.", solution="`2 * x`")')
+
+
+def test_starter_code_comments_are_strings_to_translate(toy):
+    data = json.loads(toy.read_text())
+    data["cells"][1]["source"] = STARTER
+    toy.write_text(json.dumps(data))
+    # in the order of the keywords; the shape comment is notation
+    assert zt.reader_strings(toy) == ["Write `f`.", "1) double it",
+                                      "Double.", "`2 * x`"]
+
+
+def test_every_starter_code_comment_reads_in_chinese():
+    # what a Chinese learner sees in an exercise's box: every comment that
+    # is prose holds Chinese (the translation is in the chapter's strings)
+    from course_lib.notebook.code_comments import comment_texts, \
+        translate_comments
+    import ast
+    seen = 0
+    for notebook in CHAPTERS:
+        if notebook.suffix != ".ipynb":
+            continue
+        strings = zt.load(notebook).get("strings", {})
+        for cell in json.loads(notebook.read_text())["cells"]:
+            if cell["cell_type"] != "code" or "starter_code" not in \
+                    "".join(cell["source"]):
+                continue
+            for node in ast.walk(ast.parse("".join(cell["source"]))):
+                for kw in getattr(node, "keywords", []):
+                    if kw.arg != "starter_code":
+                        continue
+                    code = zt._constant(kw.value, {})
+                    shown = translate_comments(
+                        code, lambda t: strings.get(t) or t)
+                    english = [c for c in comment_texts(shown)
+                               if not zt._CJK_CHAR.search(c)]
+                    assert english == [], notebook.stem
+                    seen += len(comment_texts(code))
+    assert seen > 50

@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Callable, Mapping
 
 from .._util.validation import check_bool, check_real
+from .figure_text import translate_figure
 
 __all__ = ["BODY_PX", "PHONE_COLUMN_PX", "PHONE_MIN_PX", "FRAME_DENSITY",
            "frame_font_pt", "draw_frame", "smallest_text_pt", "clipped_texts",
@@ -98,6 +99,7 @@ def draw_frame(draw: Callable[..., None], params: Mapping[str, Any], *,
             "ignore", message="The figure layout has changed to tight")
         fig = Figure(figsize=tuple(figsize), layout="constrained")
         draw(fig, **params)
+        translate_figure(fig)        # a no-op in English
         _raise_small_text(fig, font_pt)
         if not isinstance(fig.get_layout_engine(),       # draw ran
                           ConstrainedLayoutEngine):      # tight_layout

@@ -14,6 +14,10 @@ runs in the kernel under a time limit (:func:`time_limit`). A
 :class:`DiagnosedFunctionExercise` also names the usual mistake a wrong
 answer matches. In the HTML book, where no kernel runs,
 the exercise shows its starter code, hint and solution and points to Colab.
+The starter code's comments are the learner's instructions: both views
+show them in the reader's language
+(:func:`~course_lib.notebook.code_comments.translate_comments` with
+:func:`~course_lib.notebook.i18n.tr`), the code itself unchanged.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ import threading
 import traceback
 from typing import Any, Callable, Iterator, Sequence
 
-from .._util.validation import check_real
+from .._util.validation import check_real, check_type
+from .code_comments import translate_comments
 from .exercises import Exercise, Feedback, parse_number
 from .i18n import tr
 
@@ -218,6 +223,7 @@ class FunctionExercise(Exercise):
                     or not isinstance(case[1], dict)):
                 raise ValueError(f"cases[{i}] must be (args_tuple, "
                                  f"kwargs_dict), got {case!r}")
+        check_type("starter_code", starter_code, str, "a str")
         self.func_name, self.starter_code = func_name, starter_code
         self.reference, self.cases = reference, cases
         self.rtol, self.atol = rtol, atol
@@ -376,10 +382,17 @@ class FunctionExercise(Exercise):
         sandbox.warm_up()
         return super().widget()
 
+    def shown_starter_code(self) -> str:
+        """The starter code as the reader sees it: its comments in the
+        current language (:func:`~course_lib.notebook.i18n.tr`), the code
+        unchanged."""
+        return translate_comments(self.starter_code, tr)
+
     def _make_input(self) -> Any:
         import ipywidgets as widgets
-        lines = max(6, self.starter_code.count("\n") + 2)
-        return widgets.Textarea(value=self.starter_code, rows=lines,
+        code = self.shown_starter_code()
+        lines = max(6, code.count("\n") + 2)
+        return widgets.Textarea(value=code, rows=lines,
                                 layout=widgets.Layout(width="100%"))
 
     def _read_input(self) -> Any:
@@ -387,7 +400,7 @@ class FunctionExercise(Exercise):
 
     def _static_body(self) -> str:
         return (f'<pre class="ti-code"><code>'
-                f'{html.escape(self.starter_code)}</code></pre>\n'
+                f'{html.escape(self.shown_starter_code())}</code></pre>\n'
                 f'<p class="ti-note"><em>{tr(_NEEDS_PYTHON)}</em></p>')
 
 

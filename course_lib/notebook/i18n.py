@@ -39,11 +39,18 @@ def _checked(language: object) -> str:
 
 _state = {"language": _checked(os.environ.get("COURSE_LANGUAGE", "en")
                                or "en")}
+if _state["language"] != "en":            # COURSE_LANGUAGE=zh: figures too
+    from .figure_text import enable as _enable_figures
+    _enable_figures(True)
 
 
 def set_language(language: str) -> None:
-    """Show exercises and explorers in ``language`` ("en" or "zh")."""
+    """Show exercises, explorers and figures in ``language`` ("en" or
+    "zh"): in Chinese, figures are drawn with a bundled CJK font and their
+    text translated (:mod:`~course_lib.notebook.figure_text`)."""
     _state["language"] = _checked(language)
+    from .figure_text import enable
+    enable(language != "en")
 
 
 def get_language() -> str:

@@ -11,6 +11,14 @@ of the same thing in one output:
   and the sliders swap frames. No control on the page is dead, and the page
   needs no CDN.
 
+What the reader reads beside a slider is English text that goes through
+:func:`~course_lib.notebook.i18n.tr`, so the Chinese edition shows it in
+Chinese: the title, a label per control (``labels``: "head dimension d_k",
+the quantity with the name the code uses beside it) and, for controls whose
+values are words, a label per value (``value_labels``: ``"on"``,
+``"pre-norm"``). The frames stay keyed by the values themselves; a value
+with no label (a number) is shown as it is.
+
 A front end shows the richest view it can render (the widget); the book's
 ``_config.yml`` drops the widget view for HTML so the player is shown.
 Frames are drawn by :mod:`course_lib.notebook.frames` so that their text is
@@ -29,6 +37,7 @@ import re
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
+from .._util.validation import check_type
 from .frames import (
     FRAME_DENSITY,
     clipped_texts,
@@ -107,7 +116,14 @@ class Explorer:
     sizes set by hand are raised), with constrained layout, so that tick
     labels and legends read at body size on a desktop and at >= 11 CSS px
     on a 390 px phone.
-        labels: optional display label per parameter (default: its name).
+        labels: display label per parameter, English, shown through
+            ``tr()`` (default: its name): the quantity, with the name the
+            code uses beside it (``{"d_k": "head dimension d_k"}``).
+        value_labels: display text per value of a control whose values are
+            words, ``{control: {value: text}}``, English, shown through
+            ``tr()`` on the slider, in its read-out and to screen readers
+            (``{"scaling": {"on": "on", "off": "off"}}``); a value left out
+            is shown as itself.
     """
 
     def __init__(self, *, key: str, title: str,
@@ -116,7 +132,9 @@ class Explorer:
                  initial: Mapping[str, Any] | None = None,
                  figsize: tuple[float, float] = (6.4, 3.6),
                  dpi: float | None = None,
-                 labels: Mapping[str, str] | None = None) -> None:
+                 labels: Mapping[str, str] | None = None,
+                 value_labels: Mapping[str, Mapping[Any, str]] | None = None
+                 ) -> None:
         self.key = check_key(key)
         if not callable(draw):
             raise ValueError(f"draw must be callable, got {draw!r}")
@@ -162,8 +180,33 @@ class Explorer:
             raise ValueError(f"dpi must be a number in [20, 600], got {dpi!r}")
         self.figsize, self.dpi = (float(figsize[0]), float(figsize[1])), dpi
         self.font_pt = frame_font_pt(self.figsize[0])
-        self.labels = {n: (labels or {}).get(n, n) for n in self.controls}
+        labels = dict(labels or {})
+        value_labels = {n: dict(m) for n, m in (value_labels or {}).items()}
+        for arg, named in (("labels", labels), ("value_labels", value_labels)):
+            unknown = set(named) - set(self.controls)
+            if unknown:
+                raise ValueError(f"{arg} names unknown controls "
+                                 f"{sorted(unknown)}; controls are "
+                                 f"{list(self.controls)}")
+        for name, texts in value_labels.items():
+            unknown = [v for v in texts if v not in self.controls[name]]
+            if unknown:
+                raise ValueError(f"value_labels[{name!r}] names {unknown}, "
+                                 f"not values of the control: "
+                                 f"{self.controls[name]}")
+            for text in texts.values():
+                check_type(f"value_labels[{name!r}]", text, str, "str texts")
+        for text in labels.values():
+            check_type("labels", text, str, "a dict of str")
+        self.labels = {n: labels.get(n, n) for n in self.controls}
+        self.value_labels = {n: value_labels.get(n, {}) for n in self.controls}
         self._widget = None
+
+    def shown(self, name: str, value: Any) -> str:
+        """The text a reader sees for ``value`` of control ``name``: its
+        label in the current language, else the value itself (``0.5``)."""
+        texts = self.value_labels[name]
+        return tr(texts[value]) if texts and value in texts else _fmt(value)
 
     # -- rendering ---------------------------------------------------------
     def render(self, **params: Any) -> Any:
@@ -209,7 +252,9 @@ class Explorer:
         sliders = []
         for i, (name, values) in enumerate(self.controls.items()):
             idx = values.index(self.initial[name])
-            shown = json.dumps([_fmt(v) for v in values])
+            shown = json.dumps([self.shown(name, v) for v in values],
+                               ensure_ascii=False)
+            now = html.escape(self.shown(name, self.initial[name]))
             sliders.append(
                 f'<label class="ti-control" style="display:block">'
                 f'{html.escape(tr(self.labels[name]))} '
@@ -217,8 +262,7 @@ class Explorer:
                 f'step="1" value="{idx}" data-control="{i}" '
                 f"data-values='{html.escape(shown, quote=True)}' "
                 f'aria-label="{html.escape(tr(self.labels[name]))}" '
-                f'aria-valuetext="{html.escape(_fmt(self.initial[name]))}"> '
-                f'<output>{html.escape(_fmt(self.initial[name]))}</output>'
+                f'aria-valuetext="{now}"> <output>{now}</output>'
                 f'</label>')
         sizes = [len(v) for v in self.controls.values()]
         first = self.combinations().index(self.initial)
@@ -267,7 +311,7 @@ style="max-width:100%;height:auto">
 
             sliders = {
                 name: widgets.SelectionSlider(
-                    options=[(_fmt(v), v) for v in values],
+                    options=[(self.shown(name, v), v) for v in values],
                     value=self.initial[name],
                     description=tr(self.labels[name]),
                     continuous_update=False,
