@@ -44,7 +44,8 @@ __all__ = ["FONT_PATH", "use_cjk_font", "enable", "translate_text",
            "translate_figure", "translate_on_draw"]
 
 #: The bundled CJK font (a subset of Noto Sans CJK SC).
-FONT_PATH = Path(__file__).resolve().parent / "fonts" / "CourseCJKSC-Regular.otf"
+FONT_PATH = (Path(__file__).resolve().parent / "fonts"
+             / "CourseCJKSC-Regular.otf")
 _HOOK = f"{__name__}:translate_on_draw"
 _saved: dict[str, Any] = {}
 
