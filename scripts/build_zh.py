@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import zh_translations as zt  # noqa: E402
 from hide_exercise_cells import TITLE as EXERCISE_TITLE  # noqa: E402
+from sync_setup_cells import BADGE_ALT  # noqa: E402
 from course_lib.notebook.glue import fill_glue  # noqa: E402
 
 OUT = ROOT / "zh" / "book"
@@ -85,7 +86,8 @@ def join_cjk_lines(text: str) -> str:
 def zh_badge(text: str) -> str:
     """Point the Colab badge (and any Colab link) at the Chinese notebook,
     the badge's alt text in Chinese."""
-    text = text.replace("[![Open In Colab](", "[![在 Colab 中打开](")
+    text = text.replace(f"[![{BADGE_ALT['en']}](",
+                        f"[![{BADGE_ALT['zh']}](")
     return re.sub(r"(colab\.research\.google\.com/github/[^)\s\"]*?/blob/"
                   r"[^/)\s\"]+/)book/", r"\1zh/book/", text)
 

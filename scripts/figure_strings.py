@@ -23,6 +23,8 @@ import re
 import sys
 from pathlib import Path
 
+from course_lib.notebook.figure_text import template_regex
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: method -> index of the positional argument that holds the text
@@ -133,33 +135,23 @@ def code_strings(notebook: Path) -> frozenset[str]:
     return frozenset(found)
 
 
-def _as_regex(text: str) -> re.Pattern | None:
-    """A template's regex, its fields matching anything (None for a
-    plain string)."""
-    pieces = re.split(r"(?<!\{)\{[^{}]*\}(?!\})", text)
-    if len(pieces) == 1:
-        return None
-    return re.compile(r"\A" + "(.+?)".join(
-        re.escape(p.replace("{{", "{").replace("}}", "}")) for p in pieces)
-        + r"\Z", re.S)
+@functools.lru_cache(maxsize=32)
+def _code_templates(notebook: Path) -> list[re.Pattern]:
+    """The regexes of the templates among :func:`code_strings`."""
+    return [r for r in map(template_regex, code_strings(notebook))
+            if r is not None]
 
 
 def in_code(text: str, notebook: Path) -> bool:
     """True if a figure may show ``text``: it is a string of the code
     (:func:`code_strings`), or one drawn from a code template with its
     fields filled (``"before balancing"`` from ``f"{phase} balancing"``,
-    a template from a template)."""
-    strings = code_strings(notebook)
-    if text in strings:
+    a template from a template: its own fields filled in first)."""
+    if text in code_strings(notebook):
         return True
-    probe = _as_regex(text)
-    for code in strings:
-        regex = _as_regex(code)
-        if regex is not None and (regex.match(text) or (
-                probe is not None and regex.match(
-                    re.sub(r"\{[^{}]*\}", "x", text)))):
-            return True
-    return False
+    filled = re.sub(r"\{[^{}]*\}", "x", text)
+    return any(r.match(text) or r.match(filled)
+               for r in _code_templates(notebook))
 
 
 def figure_strings(notebook: Path) -> list[str]:

@@ -38,10 +38,10 @@ import string
 from pathlib import Path
 from typing import Any
 
-from .._util.validation import check_bool
+from .._util.validation import check_bool, check_type
 
-__all__ = ["FONT_PATH", "use_cjk_font", "enable", "translate_text",
-           "translate_figure", "translate_on_draw"]
+__all__ = ["FONT_PATH", "use_cjk_font", "enable", "template_regex",
+           "translate_text", "translate_figure", "translate_on_draw"]
 
 #: The bundled CJK font (a subset of Noto Sans CJK SC).
 FONT_PATH = (Path(__file__).resolve().parent / "fonts"
@@ -89,25 +89,35 @@ def _fields(template: str) -> tuple[list[str], list[str]]:
     return literals, fields
 
 
+def template_regex(template: str) -> re.Pattern | None:
+    """The regex of the texts a template draws: its literal pieces as
+    they are, each ``{field}`` any text (a group); None for a plain
+    string (no field, or braces that do not pair up)."""
+    check_type("template", template, str, "a str")
+    try:
+        literals, fields = _fields(template)
+    except ValueError:
+        return None
+    if not fields:
+        return None
+    pattern = "(.+?)".join(re.escape(s) for s in literals)
+    return re.compile(rf"\A{pattern}\Z", re.S)
+
+
 @functools.lru_cache(maxsize=4)
 def _compiled(language: str) -> tuple[dict, list]:
     """The catalogue of ``language`` as exact keys and template regexes."""
     from .i18n import catalog
     exact, templates = {}, []
     for english, translated in catalog(language).items():
-        if "{" not in english:
+        regex = template_regex(english)
+        if regex is None:
             exact[english] = translated
             continue
-        try:
-            literals, fields = _fields(english)
-        except ValueError:                  # unbalanced braces: plain text
-            exact[english] = translated
-            continue
+        literals, fields = _fields(english)
         if not re.search(r"[A-Za-z]{2}", "".join(literals)):
             continue                 # "{name}" alone would match anything
-        pattern = "(.+?)".join(re.escape(s) for s in literals)
-        templates.append((len("".join(literals)),
-                          re.compile(rf"\A{pattern}\Z", re.S), fields,
+        templates.append((len("".join(literals)), regex, fields,
                           translated))
     # the most specific template first: "top-{k}, renormalised" before
     # "top-{k}, {how}"
