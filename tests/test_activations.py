@@ -107,31 +107,24 @@ def test_closed_forms_by_hand_and_korthikanti():
             == 31 * 2 * 2 * S * D + layer)
 
 
+#: a valid layer; each bad case changes one argument
+LAYER = dict(batch=1, seq_len=4, hidden_size=8, num_attention_heads=2,
+             intermediate_size=8)
+
+
 @pytest.mark.parametrize("call,exc,match", [
-    (lambda: layer_activation_bytes(batch=0, seq_len=4, hidden_size=8,
-                                     num_attention_heads=2,
-                                     intermediate_size=8),
+    (lambda: layer_activation_bytes(**{**LAYER, "batch": 0}),
      ValueError, "batch"),
-    (lambda: layer_activation_bytes(batch=1, seq_len=4.0, hidden_size=8,
-                                    num_attention_heads=2,
-                                    intermediate_size=8),
+    (lambda: layer_activation_bytes(**{**LAYER, "seq_len": 4.0}),
      TypeError, "seq_len"),
-    (lambda: layer_activation_bytes(batch=1, seq_len=4, hidden_size=8,
-                                    num_attention_heads=3,
-                                    intermediate_size=8),
+    (lambda: layer_activation_bytes(**{**LAYER, "num_attention_heads": 3}),
      ValueError, "hidden_size"),
-    (lambda: layer_activation_bytes(batch=1, seq_len=4, hidden_size=8,
-                                    num_attention_heads=2,
-                                    intermediate_size=8, attention="sdpa"),
+    (lambda: layer_activation_bytes(**LAYER, attention="sdpa"),
      ValueError, "attention"),
-    (lambda: layer_activation_bytes(batch=1, seq_len=4, hidden_size=8,
-                                    num_attention_heads=2,
-                                    intermediate_size=8, bytes_per_value=0),
+    (lambda: layer_activation_bytes(**LAYER, bytes_per_value=0),
      ValueError, "bytes_per_value"),
-    (lambda: model_activation_bytes(batch=1, seq_len=4, hidden_size=8,
-                                    num_attention_heads=2,
-                                    intermediate_size=8,
-                                    num_hidden_layers=2, recompute=1),
+    (lambda: model_activation_bytes(**LAYER, num_hidden_layers=2,
+                                    recompute=1),
      TypeError, "recompute"),
     (lambda: decoder_lm_extra_bytes(batch=1, seq_len=4, hidden_size=8,
                                     num_attention_heads=2,

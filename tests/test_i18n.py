@@ -82,7 +82,7 @@ def test_numeric_exercise_in_chinese(zh):
     assert ex.check("1").message == "不完全对。Count again."   # no entry
     assert ex.check("abc").message.startswith("无法使用的答案：'abc' 不是一个数")
     page = ex.static_html()
-    # a bold heading, no full stop (the reader's review)
+    # a bold heading: a Chinese heading takes no full stop
     assert "<strong>练习</strong>" in page and ">检查</button>" in page
     assert "<summary>解答</summary>" in page      # sphinx-exercise's word
     assert 'aria-label="练习 t-num 的答案"' in page   # space at Latin text
@@ -149,10 +149,12 @@ def test_explorer_title_labels_and_note_in_chinese(zh, monkeypatch):
 def test_environment_variable_chooses_the_language(monkeypatch):
     monkeypatch.setenv("COURSE_LANGUAGE", "zh")
     import importlib
+    # a reload makes new functions (and a new catalogue cache); other
+    # modules and tests hold the old ones, so they are put back after
+    before = dict(vars(i18n))
     fresh = importlib.reload(i18n)
     try:
         assert fresh.get_language() == "zh"
     finally:
-        monkeypatch.delenv("COURSE_LANGUAGE")
-        importlib.reload(i18n)
+        vars(i18n).update(before)
         i18n.set_language("en")      # and the figures' font back

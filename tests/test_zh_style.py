@@ -1,9 +1,9 @@
 """How the Chinese prose reads: the rules of style a script can check.
 
 The Chinese text of every chapter (``course_lib/notebook/locale/zh/
-<chapter>.json``, ``cells``) and of the intro follows three rules that a
-reviewer of the zh edition asked for (issue 36) and that are easy to
-break again when a cell is retranslated:
+<chapter>.json``, ``cells``) and of the intro follows three rules of
+Chinese textbook prose that are easy to break again when a cell is
+retranslated:
 
 * a cross-reference that renders as a section title is quoted,
   ``“{ref}`ch03-qkv`”一节``: without the quotation marks the title runs

@@ -12,11 +12,12 @@ button (its ``d = {...}`` data). The notebooks store no widget state
 (``tests/test_explorer_values.py`` checks that an explorer's live sliders
 show what its static player shows).
 
-Left out, as the issue allows: code (``<code>``, ``<pre>``), maths
-(``\\(...\\)``, ``$...$``), message fields (``{value}``), the English gloss
-of a term in full-width parentheses ("输出投影（output projection）",
-the book's convention at a term's first use) and a name in Chinese
-quotation marks (“naive”). What remains must be Chinese but for:
+Left out, because a learner types or reads them as they are: code
+(``<code>``, ``<pre>``), maths (``\\(...\\)``, ``$...$``), message
+fields (``{value}``), the English gloss of a term in full-width
+parentheses ("输出投影（output projection）", the book's convention at a
+term's first use) and a name in Chinese quotation marks (“naive”).
+What remains must be Chinese but for:
 
 - code-shaped words: with an underscore or a digit (``d_k``, ``top_p``,
   ``fp16``, ``L1``, ``SmolLM2``), two capitals or more (``MHA``, ``RoPE``,
