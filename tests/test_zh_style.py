@@ -88,6 +88,16 @@ def bare_section_refs(text: str, titles: dict[str, str]) -> list[str]:
     return found
 
 
+def refs_to_titles_with_maths(text: str, titles: dict[str, str]
+                              ) -> list[str]:
+    """The ``{ref}`` roles of ``text`` with no text of their own whose
+    section title has maths: Sphinx writes the title's TeX as typed in
+    the link ("为什么要除以 \\sqrt{d_k}"), so the role must give its own
+    text, the maths in Unicode ("为什么要除以 √d_k")."""
+    return [m.group(0) for m in _REF.finditer(text)
+            if "$" in titles.get(m.group(1), "")]
+
+
 def nested_parentheses(text: str) -> list[str]:
     """Each place in ``text``'s prose where a full-width parenthesis opens
     inside another."""
@@ -144,6 +154,14 @@ def test_bare_section_refs_on_made_up_text():
                           ) == {"sec": "查询、键和值"}
 
 
+def test_refs_to_titles_with_maths_on_made_up_text():
+    titles = {"ch03-variance": "为什么要除以 $\\sqrt{d_k}$", "ch03-x": "缩放"}
+    text = ("见“{ref}`ch03-variance`”一节与“{ref}`ch03-x`”一节，以及"
+            "“{ref}`为什么要除以 √d_k <ch03-variance>`”一节")
+    assert refs_to_titles_with_maths(text, titles) == [
+        "{ref}`ch03-variance`"]
+
+
 def test_nested_parentheses_on_made_up_text():
     assert nested_parentheses("架构（前归一化（pre-norm）块、RMSNorm）。")
     assert len(nested_parentheses("（a（b）c（d）e）。（f）")) == 2
@@ -174,6 +192,14 @@ def test_section_references_are_quoted(page):
     found = [f"{cid}: {ref}" for cid, text in chinese_cells(page)
              for ref in bare_section_refs(text, TITLES)]
     assert found == [], "write “{ref}`label`”一节:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids)
+def test_no_reference_shows_a_titles_tex(page):
+    found = [f"{cid}: {ref}" for cid, text in chinese_cells(page)
+             for ref in refs_to_titles_with_maths(text, TITLES)]
+    assert found == [], ("give the role its own text, maths in Unicode:\n"
+                         + "\n".join(found))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids)
