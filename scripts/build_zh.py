@@ -183,6 +183,8 @@ THEME_MESSAGES = {
     "Main": "章节导航",
     "Page": "本页",
     "Colab logo": "Colab 标志",
+    # the name sphinx-togglebutton's script gives its buttons
+    "Toggle hidden content": "显示或隐藏内容",
 }
 HEADER = ("# Written by scripts/build_zh.py from the English book's file of "
           "the same name:\n# edit that one and run `make zh`.\n")

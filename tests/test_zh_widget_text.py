@@ -10,67 +10,22 @@ reader or a screen reader meets (``aria-label``, ``alt``, ``placeholder``,
 button (its ``d = {...}`` data). The notebooks store no widget state
 (``run_notebooks.py``); the live widgets take the same translated texts
 (``tests/test_explorer_values.py`` checks that an explorer's live sliders
-show what its static player shows).
-
-Left out, because a learner types or reads them as they are: code
-(``<code>``, ``<pre>``), maths (``\\(...\\)``, ``$...$``), message
-fields (``{value}``), the English gloss of a term in full-width
-parentheses ("输出投影（output projection）", the book's convention at a
-term's first use) and a name in Chinese quotation marks (“naive”).
-What remains must be Chinese but for:
-
-- code-shaped words: with an underscore or a digit (``d_k``, ``top_p``,
-  ``fp16``, ``L1``, ``SmolLM2``), two capitals or more (``MHA``, ``RoPE``,
-  ``GiB``), one letter (a variable), an exercise's key (``ch03-scaling``);
-- the words of :data:`ALLOWED`: names, units, a few function names and
-  the terms the glossary keeps in English (each entry is needed by some
-  page);
-- in a text that has Chinese in it, an identifier of the chapter's code
-  (a name in its code cells or in an exercise's code): "头维度 d_k",
-  "底数 base", the identifier beside its Chinese name. A text with no
-  Chinese in it (a slider value, a label left untranslated) gets no such
-  allowance, so "causal" or "period 5" alone fails.
+show what its static player shows). Which words fail, and which a
+Chinese page may show, is ``zh_scan``'s rule; the built pages as a whole
+are walked in a browser by ``tests/browser/test_zh_pages.py``.
 """
-import html
-import io
 import json
 import re
-import tokenize
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
+from zh_scan import comments, english_words, identifiers
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "zh" / "book").glob("ch*.ipynb"))
 
-# Latin words a Chinese page may show, by kind (case-sensitive).
-ALLOWED = {
-    # products and tools, people and theorems
-    "Python", "Jupyter", "Colab", "Transformer", "Llama", "Mistral",
-    "Mixtral", "Falcon", "Lite", "Kimi", "Hugging", "Face", "llama", "cpp",
-    "Frobenius", "Eckart", "Young", "Saxena",
-    # functions and names as code and maths spell them, outside the
-    # chapter's code ("logistic sigmoid", "ceil(1023 / 2)", "词元 id",
-    # the shape letter in "(..., Lq, 1)")
-    "tanh", "logistic", "ceil", "id", "Lq",
-    # maths in starter-code comments, which cannot use $...$ ("-inf",
-    # "位置 mod W")
-    "inf", "mod",
-    # terms the glossary (zh/book/glossary.md) keeps in English
-    "logits", "logit", "top-k", "top-p", "min-p", "rank", "all-reduce",
-    "all-gather", "reduce-scatter",
-    # units
-    "byte",
-}
-
-# Chinese characters and full-width punctuation ("weight：(R, C)")
-_CJK = re.compile("[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]")
-_MATH = re.compile(r"\\\(.*?\\\)|\\\[.*?\\\]|\$\$.*?\$\$|\$[^$]*\$", re.S)
-_FIELD = re.compile(r"\{\w+(?::[^{}]*)?\}")
-_GLOSS = re.compile(r"（[^（）\u3400-\u9fff]*）|“[^“”\u3400-\u9fff]*”")
-_WORD = re.compile(r"[A-Za-z0-9_]+(?:-[A-Za-z0-9_]+)*")
-_KEY = re.compile(r"ch\d\d-[a-z0-9-]+")
 _ATTRS = ("aria-label", "aria-valuetext", "alt", "placeholder", "title")
 
 
@@ -138,45 +93,6 @@ def _leaves(x):
             yield from _leaves(v)
 
 
-def comments(source: str) -> list[str]:
-    """The comments of Python code, without their ``#``."""
-    try:
-        return [t.string.lstrip("#").strip() for t in tokenize.generate_tokens(
-            io.StringIO(source).readline) if t.type == tokenize.COMMENT]
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return re.findall(r"#(.*)", source)
-
-
-def identifiers(source: str) -> set[str]:
-    """The names (and keywords) of Python code."""
-    found = set()
-    try:
-        for t in tokenize.generate_tokens(io.StringIO(source).readline):
-            if t.type == tokenize.NAME:
-                found.add(t.string)
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        found |= set(re.findall(r"[A-Za-z_]\w*", source))
-    return found
-
-
-def english_words(text: str, names: set[str]) -> list[str]:
-    """The words of ``text`` a Chinese page should not show."""
-    has_chinese = bool(_CJK.search(text))
-    text = _GLOSS.sub(" ", _FIELD.sub(" ", _MATH.sub(" ", html.unescape(
-        text))))
-    bad = []
-    for word in _WORD.findall(text):
-        if word in ALLOWED or _KEY.fullmatch(word):
-            continue
-        if has_chinese and word in names:       # the identifier beside it
-            continue
-        parts = [p for p in word.split("-") if re.search("[A-Za-z]", p)]
-        if all(p in ALLOWED or len(p) == 1 or re.search(r"[_\d]", p)
-               or len(re.findall("[A-Z]", p)) >= 2
-               or (has_chinese and p in names) for p in parts):
-            continue
-        bad.append(word)
-    return bad
 
 
 def widget_outputs(nb: dict):

@@ -16,10 +16,12 @@ as given, any other is looked up as before. The search box's text is a
 theme option (``search_bar_text``, "Search this book..." from
 Jupyter Book), not a catalogue message; it is looked up in the same
 messages. Some names are written into the theme's templates without
-gettext (``title="Toggle primary sidebar"``, ``aria-label="Page"``): after
-the build, a ``title``, ``aria-label`` or ``alt`` attribute of a page
-whose whole value is one of the messages gets its translation. The
-English book sets none.
+gettext (``title="Toggle primary sidebar"``, ``aria-label="Page"``) or
+into the scripts that make buttons in the reader's browser
+(sphinx-togglebutton's ``aria-label="Toggle hidden content"``): after
+the build, a ``title``, ``aria-label`` or ``alt`` attribute of a page or
+of a script in ``_static`` whose whole value is one of the messages gets
+its translation. The English book sets none.
 """
 from __future__ import annotations
 
@@ -94,7 +96,7 @@ def _translate_pages(app: Sphinx, exception) -> None:
             app.builder.format != "html":
         return
     out = Path(app.outdir)
-    for page in out.rglob("*.html"):
+    for page in [*out.rglob("*.html"), *(out / "_static").rglob("*.js")]:
         text = page.read_text(encoding="utf-8")
         new = translate_attributes(text, messages)
         if new != text:
