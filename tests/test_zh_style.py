@@ -13,7 +13,13 @@ retranslated:
 * full-width parentheses do not nest (outside maths and code): write
   "（前归一化块、RMSNorm、…）", not "（前归一化（pre-norm）块、…）";
 * a chapter's title and its italic opening summary carry no English gloss
-  in parentheses: the English goes with a term's first use in the body.
+  in parentheses: the English goes with a term's first use in the body;
+* a reference whose section title has maths gives its own text, the
+  maths in Unicode (Sphinx would print the title's TeX as typed);
+* no sentence runs past 150 characters, a formula, code span, role or
+  glued value counting as one (Chinese textbook prose runs 30 to 50
+  characters a sentence; a long one is split at its joints). Table rows
+  and the Colab badge's link are not sentences.
 
 Each rule is a small function, tested first on made-up text so that each
 check is seen to fail when it should, then run over every chapter.
@@ -98,6 +104,25 @@ def refs_to_titles_with_maths(text: str, titles: dict[str, str]
             if "$" in titles.get(m.group(1), "")]
 
 
+LONG_SENTENCE = 150
+# one unit to a reader: a formula, a code span or role, a glued value
+_UNIT = re.compile(r"\$\$.*?\$\$|\$[^$]*\$|\{\w+(?::\w+)?\}`[^`]*`|`[^`]*`"
+                   r"|<!--glue:[^>]*-->.*?<!--/glue-->", re.S)
+
+
+def long_sentences(text: str, limit: int = LONG_SENTENCE) -> list[str]:
+    """The sentences of ``text`` (ended by 。！？ or a line break) longer
+    than ``limit`` characters, a unit of :data:`_UNIT` counting as one;
+    table rows and lines that open with an image link are left out."""
+    found = []
+    for line in _UNIT.sub("X", text).splitlines():
+        if line.lstrip().startswith(("|", "[![")):
+            continue
+        found += [s for s in re.split(r"(?<=[。！？])", line)
+                  if len(s.strip()) > limit]
+    return found
+
+
 def nested_parentheses(text: str) -> list[str]:
     """Each place in ``text``'s prose where a full-width parenthesis opens
     inside another."""
@@ -162,6 +187,14 @@ def test_refs_to_titles_with_maths_on_made_up_text():
         "{ref}`ch03-variance`"]
 
 
+def test_long_sentences_on_made_up_text():
+    unit = "$\\sum_{i=1}^{n} x_i^2$ 与 `torch.nn.functional.softmax` "
+    assert long_sentences("短句。" + unit * 5 + "。", limit=60) == []
+    long = "很" * 61 + "长。"
+    assert long_sentences("短句。" + long + "又一句。", limit=60) == [long]
+    assert long_sentences("| " + "表" * 70 + " |", limit=60) == []
+
+
 def test_nested_parentheses_on_made_up_text():
     assert nested_parentheses("架构（前归一化（pre-norm）块、RMSNorm）。")
     assert len(nested_parentheses("（a（b）c（d）e）。（f）")) == 2
@@ -200,6 +233,13 @@ def test_no_reference_shows_a_titles_tex(page):
              for ref in refs_to_titles_with_maths(text, TITLES)]
     assert found == [], ("give the role its own text, maths in Unicode:\n"
                          + "\n".join(found))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_ids)
+def test_no_sentence_runs_past_150_characters(page):
+    found = [f"{cid}: {len(x)}: {x[:60]}…" for cid, text in
+             chinese_cells(page) for x in long_sentences(text)]
+    assert found == [], "split at its joints:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_ids)
