@@ -82,6 +82,12 @@ USE_AND_READ_JS = r"""async (SKIP) => {
             }
         }
     };
+    // The walk reads text, it does not render: the feedback of each Check
+    // stays as TeX (left out as maths) instead of queueing hundreds of
+    // typesets that the page's next test would wait for.
+    const mj = window.MathJax;
+    const typeset = mj && mj.typesetPromise;
+    if (typeset) mj.typesetPromise = () => Promise.resolve();
     // hints, solutions, hidden cell sources
     document.querySelectorAll('details').forEach((d) => {
         d.open = true; counts.details++; });
@@ -126,6 +132,7 @@ USE_AND_READ_JS = r"""async (SKIP) => {
             check(ex);
         }
     }
+    if (typeset) mj.typesetPromise = typeset;
     read(document.body);
     // the code a learner reads or types: cell sources, starter code and
     // inline code, not printed outputs
