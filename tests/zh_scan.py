@@ -6,8 +6,10 @@ page (``tests/browser/test_zh_pages.py``). Left out, because a learner
 types or reads them as they are: code (``<code>``, ``<pre>``), maths
 (``\\(...\\)``, ``$...$``), message fields (``{value}``), the English
 gloss of a term in full-width parentheses ("输出投影（output
-projection）", the book's convention at a term's first use) and a name in
-Chinese quotation marks (“naive”). What remains must be Chinese but for:
+projection）", the book's convention at a term's first use), a name in
+Chinese quotation marks (“naive”) and a string in ASCII quotes, code shown
+as it is ('expression1: raise AssertionError'). What remains must be
+Chinese but for:
 
 - code-shaped words: with an underscore or a digit (``d_k``, ``top_p``,
   ``fp16``, ``L1``, ``SmolLM2``), two capitals or more (``MHA``, ``RoPE``,
@@ -16,13 +18,16 @@ Chinese quotation marks (“naive”). What remains must be Chinese but for:
   the terms the glossary keeps in English (each entry is needed by some
   page);
 - in a text that has Chinese in it, an identifier of the chapter's code
-  (a name in its code cells or in an exercise's code): "头维度 d_k",
+  (a name in its code cells or in an exercise's code, or a one-word
+  string the code uses as a name, ``kind="cnn"``): "头维度 d_k",
   "底数 base", the identifier beside its Chinese name; a capitalised
   word, which Chinese prose only borrows for a name ("Elman 递推式",
   "Adam 优化器", "Orca 系统"); a Latin phrase of at most five words inside
   full-width parentheses, the English gloss of a term even with Chinese
   beside it ("（attention sink，第 13 章会测量它）"); a title in book-title
-  marks (《Turning Down the Heat》). A text with no Chinese in it (a
+  marks (《Turning Down the Heat》); a word touching a maths sign, a name
+  in a formula written as plain text ("PE(pos, 2i)", "table[p]"). A
+  text with no Chinese in it (a
   slider value, a label left untranslated) gets none of these
   allowances, so "causal" or "period 5" alone fails.
 """
