@@ -21,12 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from zh_scan import comments, english_words, identifiers
+from zh_scan import READER_ATTRIBUTES, comments, english_words, identifiers
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "zh" / "book").glob("ch*.ipynb"))
-
-_ATTRS = ("aria-label", "aria-valuetext", "alt", "placeholder", "title")
 
 
 class _Visible(HTMLParser):
@@ -42,7 +40,7 @@ class _Visible(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        self.texts += [a[k] for k in _ATTRS if a.get(k)]
+        self.texts += [a[k] for k in READER_ATTRIBUTES if a.get(k)]
         if a.get("data-values"):                  # an explorer's slider
             self.texts += json.loads(a["data-values"])
         if tag in ("script", "style", "pre", "code"):

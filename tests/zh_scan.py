@@ -71,6 +71,10 @@ ALLOWED = {
     "English", "Ctrl",
 }
 
+# The attributes whose text a reader or a screen reader meets.
+READER_ATTRIBUTES = ("aria-label", "aria-valuetext", "alt", "placeholder",
+                     "title")
+
 # Chinese characters and full-width punctuation ("weight：(R, C)")
 _CJK = re.compile("[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef]")
 _MATH = re.compile(r"\\\(.*?\\\)|\\\[.*?\\\]|\$\$.*?\$\$|\$[^$]*\$", re.S)

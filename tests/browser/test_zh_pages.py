@@ -27,7 +27,7 @@ from __future__ import annotations
 import pytest
 
 from test_pages import PAGES, PREFIX
-from zh_scan import english_words, identifiers, raw_tex
+from zh_scan import READER_ATTRIBUTES, english_words, identifiers, raw_tex
 
 pytestmark = pytest.mark.browser
 
@@ -43,9 +43,7 @@ SKIP = ", ".join([
 
 # Uses the page, then returns what it showed: {"texts": [...], "code":
 # [the code of the page], "counts": {what was used: how many}}.
-USE_AND_READ_JS = r"""async (SKIP) => {
-    const ATTRS = ['title', 'aria-label', 'aria-valuetext', 'alt',
-                   'placeholder'];
+USE_AND_READ_JS = r"""async ([SKIP, ATTRS]) => {
     const texts = [];
     const counts = {details: 0, sliderValues: 0, checks: 0};
     const shown = (el) => el.checkVisibility({visibilityProperty: true});
@@ -146,7 +144,7 @@ USE_AND_READ_JS = r"""async (SKIP) => {
 def english_on(page) -> tuple[dict[str, str], dict]:
     """({word: the text it was read in} of the English words ``page``
     shows once used, the counts of what was used)."""
-    seen = page.evaluate(USE_AND_READ_JS, SKIP)
+    seen = page.evaluate(USE_AND_READ_JS, [SKIP, list(READER_ATTRIBUTES)])
     names = set()
     for block in seen["code"]:
         names |= identifiers(block)
